@@ -1,0 +1,100 @@
+"""The composition root: a validated RunConfig becomes a Problem, operators, an evaluator and observers.
+
+Every check that can fail on bad configuration happens here, before any compile or GPU work, and raises
+ConfigError naming the key and what would be valid.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from kernel_factory.evo import registry
+from kernel_factory.evo.config import ConfigError, RunConfig
+from kernel_factory.evo.protocols import SHAPE_SETS, Evaluator, Observer, Problem
+from kernel_factory.evo.types import Case
+from kernel_factory.evo.variation import WeightedOperator
+
+
+@dataclass
+class Run:
+    config: RunConfig
+    problem: Problem
+    cases: tuple[Case, ...]
+    operators: list[WeightedOperator]
+    baseline: str
+
+
+def _plugin(kind: str, name: str, where: str) -> Any:
+    try:
+        return registry.load(kind, name)
+    except registry.PluginError as exc:
+        raise ConfigError(f"config key '{where}': {exc}") from exc
+
+
+def construct(factory: Callable[..., Any], options: Mapping[str, Any], where: str, **fixed: Any) -> Any:
+    """Call a plugin's constructor with config options; an unknown option is a ConfigError naming it."""
+    params = inspect.signature(factory).parameters
+    accepted = [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY or (n not in fixed and n != "self")]
+    for key in options:
+        if key not in params or key in fixed:
+            raise ConfigError(f"config key '{where}.{key}' is unknown; valid keys under '{where}': "
+                              f"{', '.join(accepted) or 'none'}")
+    try:
+        return factory(**fixed, **options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"config key '{where}': {exc}") from exc
+
+
+def prepare(cfg: RunConfig) -> Run:
+    """Resolve the problem, its cases and the operators. Touches no GPU."""
+    problem = _plugin("problem", cfg.problem, "problem")
+    dtypes = cfg.dtypes or problem.dtypes[:1]
+    for dt in dtypes:
+        if dt not in problem.dtypes:
+            raise ConfigError(f"config key 'dtypes': {dt!r} is not supported by {problem.name}; "
+                              f"choose from {', '.join(problem.dtypes)}")
+    if cfg.shapes not in SHAPE_SETS:
+        raise ConfigError(f"config key 'shapes' must be one of {', '.join(SHAPE_SETS)}, got {cfg.shapes!r}")
+    cases = tuple(Case(tuple(s), dt) for dt in dtypes for s in problem.shape_sets[cfg.shapes])
+    baseline = cfg.evaluator.baseline or problem.baselines[0]
+    if baseline not in problem.baselines:
+        raise ConfigError(f"config key 'evaluator.baseline': {baseline!r} is not a baseline of {problem.name}; "
+                          f"choose from {', '.join(problem.baselines)}")
+    operators = []
+    for name, op_cfg in cfg.search.operators.items():
+        where = f"search.operators.{name}"
+        op = construct(_plugin("operator", name, where), op_cfg.options, where)
+        if op_cfg.weight > 0:
+            operators.append(WeightedOperator(op, op_cfg.weight))
+    return Run(cfg, problem, cases, operators, baseline)
+
+
+def evaluator_kind(cfg: RunConfig) -> tuple[str, str | None]:
+    """(kind, reason): 'auto' becomes gpu when a GPU is usable, else replay with the reason there is none."""
+    from kernel_factory.evo.evaluate.gpu import gpu_unavailable_reason
+    reason = gpu_unavailable_reason() if cfg.evaluator.kind in ("auto", "gpu") else None
+    if cfg.evaluator.kind == "gpu" and reason:
+        raise ConfigError(f"config key 'evaluator.kind' is 'gpu' but this machine cannot run it: {reason}. "
+                          f"Use evaluator.kind: replay (recorded measurements) or auto")
+    if cfg.evaluator.kind == "auto":
+        return ("replay", reason) if reason else ("gpu", None)
+    return cfg.evaluator.kind, None
+
+
+def make_evaluator(run: Run, kind: str) -> Evaluator:
+    options = run.config.evaluator.gpu if kind == "gpu" else run.config.evaluator.replay
+    cls = _plugin("evaluator", kind, "evaluator.kind")
+    try:
+        return construct(cls, options, f"evaluator.{kind}", problem=run.problem, cases=run.cases,
+                         baseline=run.baseline, seed=run.config.seed, out_dir=run.config.out_dir)
+    except ValueError as exc:   # ReplayError and friends: the config asks for something the data cannot give
+        raise ConfigError(f"config key 'evaluator': {exc}") from exc
+
+
+def make_observers(run: Run, names: Sequence[str] | None = None) -> list[Observer]:
+    out = []
+    for i, name in enumerate(names if names is not None else run.config.observers):
+        cls = _plugin("observer", name, f"observers[{i}]")
+        out.append(cls(problem=run.problem, config=run.config))
+    return out

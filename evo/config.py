@@ -1,0 +1,231 @@
+"""Strict YAML run configs: frozen dataclasses, every default in one place, unknown keys and wrong types rejected
+with a message that names the key and what would be valid. Overrides (`-o search.population=8`) go through the
+same checks."""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+
+class ConfigError(Exception):
+    """Bad configuration: raised before anything is compiled or any GPU is touched."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    weight: float = 1.0                                  # relative probability of making a child with it
+    options: Mapping[str, Any] = field(default_factory=dict)  # passed to the operator's constructor
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    population: int = 24
+    generations: int = 8
+    max_evaluations: int | None = None    # stop once this many candidates were evaluated (None: no limit)
+    wall_clock_s: float | None = None     # stop after this many seconds (None: no limit)
+    tournament_size: int = 3
+    elitism: int = 2                      # best candidates always kept in the next population
+    hall_of_fame: int = 5
+    init_random: float = 1.0              # share of the first population drawn at random (rest: template defaults)
+    operators: Mapping[str, OperatorConfig] = field(default_factory=lambda: {
+        "gene_mutation": OperatorConfig(0.5),
+        "uniform_crossover": OperatorConfig(0.3),
+        "ptx_mutation": OperatorConfig(0.2),
+    })
+
+
+@dataclass(frozen=True)
+class EvaluatorConfig:
+    kind: str = "auto"                    # auto (gpu when one is found, else replay), gpu or replay
+    baseline: str | None = None           # fitness = geomean(baseline / candidate); None: the problem's default
+    gpu: Mapping[str, Any] = field(default_factory=dict)     # options for the gpu evaluator
+    replay: Mapping[str, Any] = field(default_factory=dict)  # options for the replay evaluator
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    store: str = "runs/mlflow.db"         # MLflow SQLite file
+    artifacts: str = "runs/artifacts"     # MLflow artifact root (fixed when an experiment is created)
+    experiment: str | None = None         # None: the problem's name
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    problem: str
+    dtypes: tuple[str, ...] | None = None   # None: the problem's first dtype
+    shapes: str = "benchmark"               # the problem's shape set that fitness is measured on
+    seed: int = 0
+    out_dir: str = "runs"
+    observers: tuple[str, ...] = ("console", "journal", "mlflow")
+    search: SearchConfig = field(default_factory=SearchConfig)
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is not None and issubclass(origin, Mapping):
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {type(None): "null", int: "an int", float: "a number", str: "a string", bool: "true/false"}.get(
+        tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp` and convert it (lists to tuples, dicts to dataclasses)."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        errors = []
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise _type_error(where, tp, value)
+    if tp is type(None):
+        if value is None:
+            return None
+        raise _type_error(where, tp, value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise _type_error(where, tp, value)
+        return _build(tp, value, where)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _type_error(where, tp, value)
+        (item_tp, *_) = typing.get_args(tp)
+        return tuple(_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is not None and issubclass(origin, Mapping):
+        if not isinstance(value, Mapping):
+            raise _type_error(where, tp, value)
+        key_tp, val_tp = typing.get_args(tp)
+        return {str(k): _coerce(v, val_tp, f"{where}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, bool):
+        raise _type_error(where, tp, value)
+    if isinstance(value, tp):
+        return value
+    raise _type_error(where, tp, value)
+
+
+def _type_error(where: str, tp: Any, value: Any) -> ConfigError:
+    return ConfigError(f"config key '{where}' must be {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            scope = f"under '{where}'" if where else "at the top level"
+            raise ConfigError(f"config key '{_join(where, key)}' is unknown; valid keys {scope}: "
+                              f"{', '.join(fields)}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name in data:
+            if cls is SearchConfig and name == "operators":
+                kwargs[name] = _operators(data[name], _join(where, name))
+            else:
+                kwargs[name] = _coerce(data[name], hints[name], _join(where, name))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"config key '{_join(where, name)}' is required")
+    return cls(**kwargs)
+
+
+def _operators(data: Any, where: str) -> dict[str, OperatorConfig]:
+    """`name: {weight: 0.5, other: ...}`: weight is ours, every other key goes to the operator's constructor."""
+    if not isinstance(data, Mapping) or not data:
+        raise ConfigError(f"config key '{where}' must be a non-empty mapping of operator name to settings")
+    out = {}
+    for name, settings in data.items():
+        settings = {} if settings is None else settings
+        if not isinstance(settings, Mapping):
+            raise ConfigError(f"config key '{where}.{name}' must be a mapping, got {settings!r}")
+        weight = _coerce(settings.get("weight", 1.0), float, f"{where}.{name}.weight")
+        if weight < 0:
+            raise ConfigError(f"config key '{where}.{name}.weight' must be >= 0, got {weight}")
+        out[str(name)] = OperatorConfig(weight, {k: v for k, v in settings.items() if k != "weight"})
+    return out
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def _apply_override(data: dict[str, Any], text: str) -> None:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.path=value")
+    path, raw = text.split("=", 1)
+    keys = path.strip().split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {text!r}: '{key}' is not a mapping")
+    node[keys[-1]] = yaml.safe_load(raw)
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    s = cfg.search
+    positive = {"search.population": s.population, "search.generations": s.generations,
+                "search.tournament_size": s.tournament_size, "search.hall_of_fame": s.hall_of_fame}
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"config key '{key}' must be >= 1, got {value}")
+    if not 0 <= s.elitism <= s.population:
+        raise ConfigError(f"config key 'search.elitism' must be between 0 and search.population, got {s.elitism}")
+    if not 0.0 <= s.init_random <= 1.0:
+        raise ConfigError(f"config key 'search.init_random' must be between 0 and 1, got {s.init_random}")
+    if s.max_evaluations is not None and s.max_evaluations < 1:
+        raise ConfigError(f"config key 'search.max_evaluations' must be >= 1, got {s.max_evaluations}")
+    if sum(op.weight for op in s.operators.values()) <= 0:
+        raise ConfigError("config key 'search.operators': at least one operator needs a weight > 0")
+    if cfg.evaluator.kind not in ("auto", "gpu", "replay"):
+        raise ConfigError(f"config key 'evaluator.kind' must be one of auto, gpu, replay; got {cfg.evaluator.kind!r}")
+
+
+def parse(data: Mapping[str, Any], overrides: tuple[str, ...] = ()) -> RunConfig:
+    data = yaml.safe_load(yaml.safe_dump(dict(data)))  # a deep, plain copy that overrides may edit
+    for text in overrides:
+        _apply_override(data, text)
+    cfg = _build(RunConfig, data, "")
+    _check_ranges(cfg)
+    return cfg
+
+
+def load(path: str | Path, overrides: tuple[str, ...] = ()) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    return parse(data, overrides)

@@ -1,0 +1,197 @@
+"""The live GPU evaluator: render, compile ahead on the CPU cores, then check and time in a GPU worker process
+that is restarted after a fault and killed past a watchdog deadline. Fitness is correctness-gated timing."""
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from kernel_factory.evo.evaluate import render, worker
+from kernel_factory.evo.evaluate.compile import CompileJob, Compiler, CompileOutput
+from kernel_factory.evo.protocols import EvaluatorInfo, Problem
+from kernel_factory.evo.types import (BuildInfo, Candidate, Case, EvalResult, Status, geomean_speedup)
+
+ROOFLINE_GBPS = 3000.0     # a deliberately low bandwidth, so that the deadline never cuts a merely slow kernel
+
+
+def gpu_unavailable_reason() -> str | None:
+    """None when a CUDA GPU and driver are usable here; else why not (one line)."""
+    try:
+        from cuda.bindings import runtime
+        err, count = runtime.cudaGetDeviceCount()
+    except Exception as exc:
+        return f"CUDA runtime not usable ({type(exc).__name__}: {exc})"
+    if err != runtime.cudaError_t.cudaSuccess:
+        return f"no NVIDIA driver or GPU found ({err.name})"
+    return None if count > 0 else "no CUDA device found"
+
+
+class WorkerError(RuntimeError):
+    """The GPU worker could not be started (setup failed or took too long)."""
+
+
+class WorkerHandle:
+    """One worker process and its pipe. Restarts it (reusing the measured baseline) after a fault or a hang."""
+
+    def __init__(self, setup: dict[str, Any], setup_timeout_s: float = 600.0):
+        self.setup = setup
+        self.setup_timeout_s = setup_timeout_s
+        self.restarts = 0
+        self.ready: dict[str, Any] = {}
+        self._start()
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker.serve, args=(child,), daemon=True, name="kf-gpu-worker")
+        self.proc.start()
+        child.close()
+        self.conn.send(self.setup)
+        if not self.conn.poll(self.setup_timeout_s):
+            self._kill()
+            raise WorkerError(f"the GPU worker did not get ready within {self.setup_timeout_s:.0f} s")
+        try:
+            msg = self.conn.recv()
+        except EOFError:
+            raise WorkerError(f"the GPU worker died during setup (exit code {self.proc.exitcode})") from None
+        if msg["op"] != "ready":
+            raise WorkerError(f"the GPU worker failed during setup:\n{msg.get('message', msg)}")
+        self.ready = msg
+        self.setup = {**self.setup, "baseline_us": msg["baseline_us"]}
+
+    def _kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(10)
+        self.conn.close()
+
+    def _restart(self) -> None:
+        self._kill()
+        self.restarts += 1
+        self._start()
+
+    def evaluate(self, request: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+        self.conn.send(request)
+        if not self.conn.poll(deadline_s):
+            self._restart()
+            return {"status": Status.TIMEOUT.value, "gpu_s": deadline_s,
+                    "message": f"no answer within the {deadline_s:.0f} s watchdog deadline; worker killed"}
+        try:
+            reply = self.conn.recv()
+        except EOFError:
+            code = self.proc.exitcode
+            self._restart()
+            return {"status": Status.CRASHED.value, "gpu_s": 0.0,
+                    "message": f"the GPU worker died (exit code {code}) while running this candidate"}
+        if reply.get("fatal"):
+            self._restart()
+        return reply
+
+    def close(self) -> None:
+        try:
+            self.conn.send({"op": "stop"})
+            self.proc.join(20)
+        except (OSError, BrokenPipeError):
+            pass
+        self._kill()
+
+
+class GpuEvaluator:
+    """Evaluates on the local GPU. Options (config `evaluator.gpu`): compile_workers, check_seeds, timeout_floor_s,
+    min_reps, max_reps, target_ms."""
+
+    def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
+                 compile_workers: int | None = None, check_seeds: int = 2, timeout_floor_s: float = 30.0,
+                 min_reps: int = 5, max_reps: int = 50, target_ms: float = 1.5):
+        reason = gpu_unavailable_reason()
+        if reason:
+            raise WorkerError(f"evaluator 'gpu' needs an NVIDIA GPU: {reason}. Use evaluator.kind: replay (or auto)")
+        self.problem, self.cases, self.baseline, self.seed = problem, tuple(cases), baseline, seed
+        self.dtypes = sorted({c.dtype for c in cases})
+        check_shapes = problem.shape_sets["correctness"] + problem.shape_sets["heldout"]
+        self.compiler = Compiler(Path(out_dir) / "cache", compile_workers)
+        self.timeout_floor_s = timeout_floor_s
+        self.max_reps = max_reps
+        self.worker = WorkerHandle({
+            "op": "setup", "problem": problem.name, "baseline": baseline, "check_seeds": check_seeds,
+            "bench_cases": [c.key for c in self.cases],
+            "check_cases": [Case(s, dt).key for dt in self.dtypes for s in check_shapes],
+            "timing": {"min_reps": min_reps, "max_reps": max_reps, "target_ms": target_ms},
+        })
+        ready = self.worker.ready
+        self.baseline_us: dict[str, float] = ready["baseline_us"]
+        self.copy_gbps: float = ready["copy_gbps"]
+        fp = {**ready["fingerprint"], "copy_gbps": f"{self.copy_gbps:.0f}", "baseline": baseline}
+        self.info = EvaluatorInfo("gpu", f"live measurement on {fp['gpu']}", fp)
+        self._evaluated = 0
+
+    def deadline_s(self) -> float:
+        roofline_s = sum(self.problem.bytes_moved(c) / (ROOFLINE_GBPS * 1e9) for c in self.cases)
+        return self.timeout_floor_s + 20 * roofline_s * (self.max_reps + 4)
+
+    def _jobs(self, cand: Candidate) -> list[CompileJob]:
+        jobs = []
+        for dt in self.dtypes:
+            key = self.compiler.key(render.body(self.problem, cand.genome, dt))
+            jobs.append(CompileJob(key, render.render(self.problem, cand, dt), f"{cand.id}-{dt}.cu"))
+        return jobs
+
+    def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
+        """Compiles everything on the pool; each candidate goes to the GPU as soon as its binaries exist."""
+        owner: dict[str, list[tuple[Candidate, str]]] = {}
+        jobs = []
+        for cand in candidates:
+            for dt, job in zip(self.dtypes, self._jobs(cand)):
+                owner.setdefault(job.key, []).append((cand, dt))
+                jobs.append(job)
+        built: dict[str, dict[str, CompileOutput]] = {c.id: {} for c in candidates}
+        results: dict[str, EvalResult] = {}
+        for out in self.compiler.compile_many(_unique(jobs)):
+            for cand, dt in owner[out.key]:
+                built[cand.id][dt] = out
+                if len(built[cand.id]) == len(self.dtypes) and cand.id not in results:
+                    results[cand.id] = self._run(cand, built[cand.id])
+        return [results[c.id] for c in candidates]
+
+    def _run(self, cand: Candidate, outputs: Mapping[str, CompileOutput]) -> EvalResult:
+        build = {dt: out.info for dt, out in outputs.items()}
+        failed = [dt for dt, out in outputs.items() if out.error is not None]
+        if failed:
+            return EvalResult(cand.id, Status.COMPILE_ERROR, build=build, evaluator="gpu",
+                              message=f"{failed[0]}: {outputs[failed[0]].error}"[:4000])
+        self._evaluated += 1
+        reply = self.worker.evaluate({"op": "eval", "id": cand.id, "genes": cand.genome.gene_dict,
+                                      "cubins": {dt: out.cubin for dt, out in outputs.items()},
+                                      "seed": hash_seed(self.seed, cand.id, self._evaluated)}, self.deadline_s())
+        return self.result(cand.id, reply, build)
+
+    def result(self, cid: str, reply: Mapping[str, Any], build: Mapping[str, BuildInfo]) -> EvalResult:
+        status = Status(reply["status"])
+        times = reply.get("times_us", {}) if status is Status.OK else {}
+        gbps = {k: self.problem.bytes_moved(Case.parse(k)) / (t * 1e-6) / 1e9 for k, t in times.items()}
+        fitness = geomean_speedup(times, {k: self.baseline_us[k] for k in times}) if times else 0.0
+        return EvalResult(cid, status, fitness, times, reply.get("iqr_us", {}) if times else {},
+                          dict(self.baseline_us), gbps, dict(build), reply.get("message", ""), "gpu",
+                          float(reply.get("gpu_s", 0.0)))
+
+    @property
+    def restarts(self) -> int:
+        return self.worker.restarts
+
+    def close(self) -> None:
+        self.worker.close()
+        self.compiler.close()
+
+
+def hash_seed(*parts: Any) -> int:
+    """A stable 31-bit seed from the run seed, candidate id and a counter (fresh inputs for every check)."""
+    import hashlib
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def _unique(jobs: list[CompileJob]) -> list[CompileJob]:
+    seen: dict[str, CompileJob] = {}
+    for job in jobs:
+        seen.setdefault(job.key, job)
+    return list(seen.values())

@@ -1,0 +1,112 @@
+"""The recording format: measurements of a problem's structured space made on a real GPU, as gzip'd JSON lines.
+
+Line 1 is a header (problem, cases, baseline and its times, copy bandwidth, environment fingerprint, sampling
+rule, timing policy); every further line is one genome's result. While recording, lines are appended (and
+fsync'd) to `<name>.partial.jsonl`, so an interrupted recording resumes where it stopped.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from kernel_factory.evo.types import EvalResult, Genome
+
+FORMAT = "kernel-factory-recording/1"
+
+
+@dataclass(frozen=True)
+class Recording:
+    header: Mapping[str, Any]
+    entries: Mapping[str, tuple[Genome, EvalResult]]   # genome id -> (genome, result)
+    path: Path
+
+    @property
+    def label(self) -> str:
+        fp = self.header.get("fingerprint", {})
+        return (f"replay of {fp.get('gpu', 'GPU')} measurements recorded {fp.get('date', '?')[:10]} "
+                f"({len(self.entries)} genomes, {self.path.name})")
+
+
+def _lines(path: Path) -> Iterator[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    return   # a torn last line of an interrupted partial file
+
+
+def read(path: str | Path) -> Recording:
+    path = Path(path)
+    lines = _lines(path)
+    header = next(lines, None)
+    if not header or header.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a kernel-factory recording (expected format {FORMAT})")
+    entries = {}
+    for row in lines:
+        genome = Genome.from_json(row["genome"])
+        entries[genome.id] = (genome, EvalResult.from_json({**row["result"], "candidate_id": genome.id, "fitness": 0.0}))
+    return Recording(header, entries, path)
+
+
+class Writer:
+    """Appends results to DIR/NAME.partial.jsonl (fsync'd), then `finish()` compresses it to the final path."""
+
+    def __init__(self, final: str | Path, header: Mapping[str, Any]):
+        self.final = Path(final)
+        self.partial = self.final.with_name(self.final.name.replace(".jsonl.gz", "") + ".partial.jsonl")
+        self.done: set[str] = set()
+        if self.partial.exists():
+            old = read(self.partial)
+            if old.header.get("problem") != header.get("problem") or old.header.get("cases") != header.get("cases"):
+                raise ValueError(f"{self.partial} belongs to another problem or case list; move it away first")
+            self.done = set(old.entries)
+            self._rewrite_clean(old)
+        else:
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+            self._append({"format": FORMAT, **header})
+
+    def _rewrite_clean(self, old: Recording) -> None:
+        """Drop a torn last line by rewriting what was read intact."""
+        tmp = self.partial.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            fh.write(json.dumps(dict(old.header)) + "\n")
+            for genome, result in old.entries.values():
+                fh.write(json.dumps(entry(genome, result)) + "\n")
+        os.replace(tmp, self.partial)
+
+    def _append(self, row: Mapping[str, Any]) -> None:
+        with open(self.partial, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def add(self, genome: Genome, result: EvalResult) -> None:
+        self._append(entry(genome, result))
+        self.done.add(genome.id)
+
+    def finish(self, header_updates: Mapping[str, Any] | None = None) -> Path:
+        rec = read(self.partial)
+        with gzip.open(self.final, "wt", compresslevel=9) as fh:
+            fh.write(json.dumps({**rec.header, **(header_updates or {})}) + "\n")
+            for genome, result in rec.entries.values():
+                fh.write(json.dumps(entry(genome, result)) + "\n")
+        self.partial.unlink()
+        return self.final
+
+
+def entry(genome: Genome, result: EvalResult) -> dict[str, Any]:
+    data = result.to_json()
+    for key in ("candidate_id", "baseline_us", "evaluator", "fitness", "gbps"):
+        data.pop(key)   # derivable from the header and times; keeps the file small
+    for build in data["build"].values():
+        build.pop("log", None)
+        build.pop("cached", None)
+    return {"genome": genome.to_json(), "result": data}

@@ -1,0 +1,52 @@
+"""Render a candidate into CUDA source: a header naming it, one #define per gene, and the template with any code
+patch applied to its marked editable regions."""
+from __future__ import annotations
+
+import re
+
+from kernel_factory.evo.protocols import Problem
+from kernel_factory.evo.types import Candidate, Genome
+
+REGION = re.compile(r"^[^\n]*KF-EDIT-BEGIN (\w+)[^\n]*\n(.*?)^[^\n]*KF-EDIT-END \1[^\n]*$", re.S | re.M)
+
+
+class PatchError(ValueError):
+    """A patch names a region the template does not have."""
+
+
+def regions(template: str) -> dict[str, str]:
+    """Editable region name -> its current body."""
+    return {m.group(1): m.group(2) for m in REGION.finditer(template)}
+
+
+def apply_patch(template: str, patch: dict[str, str]) -> str:
+    unknown = set(patch) - set(regions(template))
+    if unknown:
+        raise PatchError(f"patch names regions {sorted(unknown)}; the template has {sorted(regions(template))}")
+
+    def replace(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in patch:
+            return m.group(0)
+        begin, end = m.group(0).split("\n", 1)[0], m.group(0).rsplit("\n", 1)[1]
+        body = patch[name] if patch[name].endswith("\n") else patch[name] + "\n"
+        return f"{begin}\n{body}{end}"
+
+    return REGION.sub(replace, template)
+
+
+def body(problem: Problem, genome: Genome, dtype: str) -> str:
+    """Everything that determines the binary: gene #defines, the dtype and the patched template."""
+    lines = [f"#define {gene.name.upper()} {gene.define(genome.gene_dict[gene.name])}" for gene in problem.space.genes]
+    lines.append(f"#define DTYPE DTYPE_{dtype.upper()}")
+    return "\n".join(lines) + "\n" + apply_patch(problem.template(), genome.patch_dict)
+
+
+def header(problem: Problem, candidate: Candidate, dtype: str) -> str:
+    parents = ", ".join(candidate.parents) or "none"
+    return (f"// kernel-factory candidate {candidate.id} | problem {problem.name} v{problem.version} | dtype {dtype}\n"
+            f"// parents: {parents} | operator: {candidate.operator} | generation: {candidate.generation}\n")
+
+
+def render(problem: Problem, candidate: Candidate, dtype: str) -> str:
+    return header(problem, candidate, dtype) + body(problem, candidate.genome, dtype)

@@ -1,0 +1,154 @@
+"""The four plugin contracts: Problem, Operator, Evaluator, Observer, and the small records they exchange.
+
+Plugins import only this module and `kernel_factory.evo.types` (plus numpy, torch and the standard library).
+Each contract is narrow on purpose; tests/test_contracts.py holds the conformance suite every entry point passes.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from kernel_factory.evo.types import Candidate, Case, EvalResult, GeneSpace, GeneValue, Genome
+
+SHAPE_SETS = ("benchmark", "correctness", "heldout")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to launch one compiled kernel on one case: grid, block, dynamic shared memory and arguments.
+
+    args holds torch tensors (passed as device pointers) and numpy scalars (passed by value, typed).
+    """
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: tuple[Any, ...]
+
+
+class MissingBaseline(Exception):
+    """A baseline's package is not installed here (e.g. QuACK on a machine without it)."""
+
+
+@runtime_checkable
+class Problem(Protocol):
+    """An operation to implement: what to compute, on which inputs, how to check it, and the kernel's gene space."""
+
+    name: str
+    version: str
+    description: str
+    kernel_name: str                                     # the extern "C" entry in the template
+    space: GeneSpace
+    dtypes: tuple[str, ...]                              # torch dtype names, e.g. "bfloat16"
+    shape_sets: Mapping[str, tuple[tuple[int, ...], ...]]  # keys: SHAPE_SETS
+    baselines: tuple[str, ...]                           # names accepted by baseline(); the first is the default
+
+    def template(self) -> str:
+        """CUDA C++ source that compiles as-is: each gene is a #define with a default."""
+
+    def bytes_moved(self, case: Case) -> int:
+        """The fewest bytes a kernel must move through device memory for this case."""
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """(atol, rtol) for comparing an output of this dtype with the fp32 reference."""
+
+    def make_inputs(self, case: Case, seed: int, device: str) -> dict[str, Any]:
+        """Fresh random inputs (torch tensors) drawn from `seed` on `device`."""
+
+    def make_outputs(self, case: Case, device: str) -> dict[str, Any]:
+        """Output tensors for the kernel to fill (the evaluator poisons them before every launch)."""
+
+    def reference(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The expected outputs, computed in torch with fp32 (or better) accumulation, keyed like make_outputs."""
+
+    def launch(self, genes: Mapping[str, GeneValue], case: Case, inputs: Mapping[str, Any],
+               outputs: Mapping[str, Any]) -> Launch:
+        """Grid, block and arguments for the kernel compiled from `genes`."""
+
+    def baseline(self, name: str, case: Case, inputs: Mapping[str, Any]) -> Callable[[], Mapping[str, Any]]:
+        """A zero-argument callable that computes the outputs with baseline `name`; raises MissingBaseline."""
+
+
+@runtime_checkable
+class Operator(Protocol):
+    """Makes one child genome from `arity` parents. Never mutates a parent; all randomness comes from `rng`."""
+
+    name: str
+    arity: int
+
+    def vary(self, parents: Sequence[Genome], space: GeneSpace, rng: random.Random) -> Genome:
+        ...
+
+
+@dataclass(frozen=True)
+class EvaluatorInfo:
+    """What an evaluator is and where its numbers come from; logged as tags on every run."""
+
+    kind: str                        # "gpu" or "replay"
+    label: str                       # one human line, e.g. "replay of H200 measurements recorded 2026-11-30"
+    fingerprint: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """Turns candidates into results. Failures come back as statuses; evaluate() raises only on our own bugs."""
+
+    info: EvaluatorInfo
+
+    def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    problem: str
+    seed: int
+    config: Mapping[str, Any]       # the resolved config, every default filled in
+    evaluator: EvaluatorInfo
+    cases: tuple[Case, ...]
+    out_dir: str
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    generation: int
+    evaluations: int                # evaluated so far in the run
+    best_fitness: float
+    median_fitness: float
+    best_id: str
+    counts: Mapping[str, int]       # status -> count among this generation's new evaluations
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    generations: int
+    evaluations: int
+    stop_reason: str
+    wall_s: float
+    gpu_s: float
+    best: tuple[Candidate, EvalResult] | None
+    hall_of_fame: tuple[tuple[Candidate, EvalResult], ...]
+
+
+@runtime_checkable
+class Observer(Protocol):
+    """Watches a run. Observers never change the search; they record it (journal, MLflow, console)."""
+
+    def on_start(self, run: RunInfo) -> None:
+        ...
+
+    def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
+        ...
+
+    def on_generation(self, stats: GenerationStats) -> None:
+        ...
+
+    def on_end(self, summary: RunSummary) -> None:
+        ...

@@ -1,0 +1,248 @@
+"""Records that flow through the factory: genes, genomes, candidates, cases and evaluation results.
+
+Everything here is plain, frozen data with no CUDA, torch or MLflow in sight, so plugins, the loop, the journal
+and the tests can all share it. Identity is content: a genome's id is the hash of its genes and patch.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+GeneValue = int | str | bool
+
+
+class Status(str, enum.Enum):
+    """What happened to a candidate. Every failure is a value, never an exception in the loop."""
+
+    OK = "ok"                       # compiled, correct, timed
+    COMPILE_ERROR = "compile_error"  # NVRTC/ptxas rejected the source
+    INCORRECT = "incorrect"          # ran, but an output missed the reference (NaN included)
+    CRASHED = "crashed"              # illegal address, trap, ... (the worker was restarted)
+    TIMEOUT = "timeout"              # past the watchdog deadline (the worker was killed)
+    NOT_RECORDED = "not_recorded"    # replay only: the recording holds no measurement for this genome
+
+    @property
+    def failed(self) -> bool:
+        return self is not Status.OK
+
+
+@dataclass(frozen=True)
+class Gene:
+    """One structured choice of a kernel template, rendered as `#define NAME value`.
+
+    `kind` is "structure" (tiling, threads, pipeline) or "ptx" (which instruction is emitted); the PTX-choice
+    mutation touches only "ptx" genes.
+    """
+
+    name: str
+    choices: tuple[GeneValue, ...]
+    default: GeneValue
+    kind: str = "structure"
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.default not in self.choices:
+            raise ValueError(f"gene {self.name}: default {self.default!r} is not one of {self.choices}")
+        if self.kind not in ("structure", "ptx"):
+            raise ValueError(f"gene {self.name}: kind must be 'structure' or 'ptx', got {self.kind!r}")
+
+    def define(self, value: GeneValue) -> str:
+        """The C preprocessor value: ints as-is, bools as 0/1, strings as NAME_VALUE enum constants."""
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        if isinstance(value, int):
+            return str(value)
+        return f"{self.name}_{value}".upper()
+
+
+@dataclass(frozen=True)
+class GeneSpace:
+    """The structured part of a genome: named genes plus a feasibility rule over a full assignment."""
+
+    genes: tuple[Gene, ...]
+    rule: Callable[[Mapping[str, GeneValue]], str | None] = lambda genes: None
+
+    def __getitem__(self, name: str) -> Gene:
+        for gene in self.genes:
+            if gene.name == name:
+                return gene
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(g.name for g in self.genes)
+
+    def defaults(self) -> dict[str, GeneValue]:
+        return {g.name: g.default for g in self.genes}
+
+    def why_infeasible(self, genes: Mapping[str, GeneValue]) -> str | None:
+        """None if the assignment can be compiled and launched, else the reason it cannot."""
+        if set(genes) != set(self.names):
+            return f"genes {sorted(genes)} do not match the space {sorted(self.names)}"
+        for gene in self.genes:
+            if genes[gene.name] not in gene.choices:
+                return f"{gene.name}={genes[gene.name]!r} is not one of {gene.choices}"
+        return self.rule(genes)
+
+    def size(self) -> int:
+        return math.prod(len(g.choices) for g in self.genes)
+
+    def enumerate(self) -> Iterator[dict[str, GeneValue]]:
+        """Every feasible assignment, in a fixed order (choices in declared order, last gene fastest)."""
+        def walk(i: int, acc: dict[str, GeneValue]) -> Iterator[dict[str, GeneValue]]:
+            if i == len(self.genes):
+                if self.rule(acc) is None:
+                    yield dict(acc)
+                return
+            for value in self.genes[i].choices:
+                acc[self.genes[i].name] = value
+                yield from walk(i + 1, acc)
+        yield from walk(0, {})
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Genome:
+    """Gene values plus an optional code patch for the template's editable regions (region name -> code)."""
+
+    genes: tuple[tuple[str, GeneValue], ...]
+    patch: tuple[tuple[str, str], ...] = ()
+
+    @staticmethod
+    def of(genes: Mapping[str, GeneValue], patch: Mapping[str, str] | None = None) -> "Genome":
+        return Genome(tuple(sorted(genes.items())), tuple(sorted((patch or {}).items())))
+
+    @property
+    def gene_dict(self) -> dict[str, GeneValue]:
+        return dict(self.genes)
+
+    @property
+    def patch_dict(self) -> dict[str, str]:
+        return dict(self.patch)
+
+    @property
+    def id(self) -> str:
+        """Content hash: the same genes and patch give the same id in every run and on every machine."""
+        payload = canonical_json({"genes": self.gene_dict, "patch": self.patch_dict})
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"genes": self.gene_dict, "patch": self.patch_dict}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> "Genome":
+        return Genome.of(data["genes"], data.get("patch") or {})
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A genome in the context of one run: who its parents were and which operator made it."""
+
+    genome: Genome
+    parents: tuple[str, ...] = ()
+    operator: str = "init"
+    generation: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.genome.id
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "genome": self.genome.to_json(), "parents": list(self.parents),
+                "operator": self.operator, "generation": self.generation}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> "Candidate":
+        return Candidate(Genome.from_json(data["genome"]), tuple(data["parents"]), data["operator"],
+                         int(data["generation"]))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One problem instance: a shape (problem-defined meaning, e.g. (M, N)) and the input dtype."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype}:{'x'.join(map(str, self.shape))}"
+
+    @staticmethod
+    def parse(key: str) -> "Case":
+        dtype, dims = key.split(":")
+        return Case(tuple(int(d) for d in dims.split("x")), dtype)
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What the compiler said about one binary (per dtype when a genome is compiled for several)."""
+
+    registers: int | None = None
+    spill_stores: int = 0
+    spill_loads: int = 0
+    shared_bytes: int = 0
+    local_bytes: int = 0
+    compile_s: float = 0.0
+    cached: bool = False
+    log: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The outcome of evaluating one candidate: status first, then the evidence.
+
+    times_us / baseline_us are medians per benchmark case key; iqr_us the interquartile range of the candidate's
+    samples. fitness is the geomean over benchmark cases of baseline_us / times_us (higher is better), and 0.0 for
+    any failure, so selection never prefers a broken kernel.
+    """
+
+    candidate_id: str
+    status: Status
+    fitness: float = 0.0
+    times_us: Mapping[str, float] = field(default_factory=dict)
+    iqr_us: Mapping[str, float] = field(default_factory=dict)
+    baseline_us: Mapping[str, float] = field(default_factory=dict)
+    gbps: Mapping[str, float] = field(default_factory=dict)
+    build: Mapping[str, BuildInfo] = field(default_factory=dict)
+    message: str = ""
+    evaluator: str = ""
+    gpu_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"candidate_id": self.candidate_id, "status": self.status.value, "fitness": self.fitness,
+                "times_us": dict(self.times_us), "iqr_us": dict(self.iqr_us),
+                "baseline_us": dict(self.baseline_us), "gbps": dict(self.gbps),
+                "build": {k: v.to_json() for k, v in self.build.items()}, "message": self.message,
+                "evaluator": self.evaluator, "gpu_s": self.gpu_s}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> "EvalResult":
+        return EvalResult(data["candidate_id"], Status(data["status"]), float(data["fitness"]),
+                          dict(data.get("times_us", {})), dict(data.get("iqr_us", {})),
+                          dict(data.get("baseline_us", {})), dict(data.get("gbps", {})),
+                          {k: BuildInfo(**v) for k, v in data.get("build", {}).items()},
+                          data.get("message", ""), data.get("evaluator", ""), float(data.get("gpu_s", 0.0)))
+
+
+def geomean_speedup(times_us: Mapping[str, float], baseline_us: Mapping[str, float]) -> float:
+    """Geomean over the cases of baseline / candidate; 0.0 if any case is missing or not positive."""
+    if not times_us or set(times_us) != set(baseline_us):
+        return 0.0
+    logs = []
+    for key, t in times_us.items():
+        b = baseline_us[key]
+        if not (t > 0 and b > 0 and math.isfinite(t) and math.isfinite(b)):
+            return 0.0
+        logs.append(math.log(b / t))
+    return math.exp(sum(logs) / len(logs))
