@@ -51,11 +51,18 @@ def nvrtc_version() -> str:
 
 
 def include_dirs() -> list[str]:
+    """cudart's headers (cuda_bf16.h, cuda_fp16.h) are required; CCCL's (cuda/std, cooperative groups) are used
+    when present. Pip wheels first, then a system CUDA toolkit (GPU hosts often have one and no cccl wheel)."""
     import cuda.pathfinder as pathfinder
-    dirs = [pathfinder.find_nvidia_header_directory(lib) for lib in ("cudart", "cccl")]
-    if not all(dirs):
-        raise ToolchainError("CUDA headers not found (cudart, cccl); install cuda-toolkit[cudart,cccl]==13.0.*")
-    return dirs
+    dirs = {lib: pathfinder.find_nvidia_header_directory(lib) for lib in ("cudart", "cccl")}
+    system = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+    if not dirs["cudart"] and (system / "cuda_bf16.h").is_file():
+        dirs["cudart"] = str(system)
+    if not dirs["cccl"] and (system / "cccl").is_dir():
+        dirs["cccl"] = str(system / "cccl")
+    if not dirs["cudart"]:
+        raise ToolchainError("CUDA headers (cuda_bf16.h) not found; install cuda-toolkit[cudart,cccl]==13.0.*")
+    return [d for d in dirs.values() if d]
 
 
 def cache_key(body: str, toolchain: str) -> str:

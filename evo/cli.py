@@ -1,0 +1,101 @@
+"""The `kernel-factory` command: run, record, problems, ui. Bad input ends in one line naming the problem and a
+non-zero exit, never a traceback; what a run measured before an error or Ctrl-C stays in its journal and MLflow."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kernel_factory.evo import config as config_mod
+from kernel_factory.evo import registry
+from kernel_factory.evo.config import ConfigError
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernel-factory", description="Evolve CUDA C++ kernels with inline PTX.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run an evolutionary search from a YAML config")
+    run.add_argument("config")
+    run.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key, e.g. -o search.population=8 (repeatable)")
+    rec = sub.add_parser("record", help="measure a problem's whole gene space on this GPU, for replay")
+    rec.add_argument("config")
+    rec.add_argument("--out", help="output .jsonl.gz (default: runs/recordings/<problem>-<dtype>.jsonl.gz)")
+    rec.add_argument("--sample", type=int, help="record a uniform random sample of this many genomes")
+    rec.add_argument("--sample-seed", type=int, default=0)
+    rec.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE")
+    sub.add_parser("problems", help="list the installed problem plugins")
+    ui = sub.add_parser("ui", help="serve the MLflow UI over the run store on 127.0.0.1")
+    ui.add_argument("--store", default="runs/mlflow.db")
+    ui.add_argument("--artifacts", default="runs/artifacts")
+    ui.add_argument("--port", type=int, default=5000)
+    return p
+
+
+def cmd_problems() -> int:
+    for name in registry.available("problem"):
+        try:
+            prob = registry.load("problem", name)
+            print(f"{name:16s} v{prob.version}  {len(list(prob.space.genes))} genes, dtypes "
+                  f"{'/'.join(prob.dtypes)}, {len(prob.shape_sets['benchmark'])} benchmark shapes  "
+                  f"{prob.description.split(':')[0]}")
+        except registry.PluginError as exc:
+            print(f"{name:16s} BROKEN: {exc}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from kernel_factory.evo.run import execute
+    cfg = config_mod.load(args.config, tuple(args.override))
+    summary = execute(cfg)
+    return 0 if summary.best is not None else 1
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from kernel_factory.evo.evaluate.record import record
+    cfg = config_mod.load(args.config, tuple(args.override))
+    dtypes = "-".join(cfg.dtypes or ("default",))
+    out = Path(args.out or f"{cfg.out_dir}/recordings/{cfg.problem}-{dtypes}.jsonl.gz")
+    path = record(cfg, out, args.sample, args.sample_seed)
+    print(f"recorded -> {path}")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from kernel_factory.evo.observers.mlflow import ui_command
+    if not Path(args.store).is_file():
+        raise ConfigError(f"no run store at {args.store!r}: run `kernel-factory run CONFIG` first, or pass --store")
+    argv = ui_command(args.store, args.artifacts, port=args.port)
+    print(f"MLflow UI on http://127.0.0.1:{args.port} (store {args.store}); Ctrl-C stops it", file=sys.stderr)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return subprocess.call(argv, env=env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from kernel_factory.evo.evaluate.compile import ToolchainError
+    from kernel_factory.evo.evaluate.gpu import WorkerError
+    try:
+        if args.command == "problems":
+            return cmd_problems()
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "record":
+            return cmd_record(args)
+        return cmd_ui(args)
+    except (ConfigError, registry.PluginError, ToolchainError, WorkerError) as exc:
+        print(f"kernel-factory: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("kernel-factory: interrupted; everything measured so far is in the run's journal and MLflow",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""`kernel-factory record`: measure every feasible genome of a problem's structured space on the GPU (or a
+stated random sample of it), appending each result as it arrives, so that a killed recording resumes."""
+from __future__ import annotations
+
+import random
+import sys
+import time
+from pathlib import Path
+
+from kernel_factory.evo import build
+from kernel_factory.evo.config import ConfigError, RunConfig
+from kernel_factory.evo.evaluate import recording
+from kernel_factory.evo.evaluate.gpu import GpuEvaluator
+from kernel_factory.evo.types import Candidate, GeneSpace, Genome
+
+CHUNK = 48   # candidates per evaluate() call: big enough to keep the compile pool ahead of the GPU
+
+
+def sampled_space(space: GeneSpace, sample: int | None, sample_seed: int) -> tuple[list[Genome], str]:
+    every = [Genome.of(g) for g in space.enumerate()]
+    if sample is None or sample >= len(every):
+        return every, f"exhaustive: all {len(every)} feasible genomes of {space.size()} in the space"
+    picked = random.Random(sample_seed).sample(every, sample)
+    default = Genome.of(space.defaults())
+    if default not in picked and default in every:
+        picked[0] = default
+    return picked, (f"uniform random sample of {sample} of {len(every)} feasible genomes "
+                    f"(random.Random({sample_seed}).sample, template defaults always included)")
+
+
+def record(cfg: RunConfig, out: Path, sample: int | None = None, sample_seed: int = 0) -> Path:
+    run = build.prepare(cfg)
+    kind, reason = build.evaluator_kind(cfg)
+    if kind != "gpu":
+        raise ConfigError(f"record measures on a GPU, and this machine has none: {reason}")
+    genomes, rule = sampled_space(run.problem.space, sample, sample_seed)
+    evaluator = build.make_evaluator(run, "gpu")
+    assert isinstance(evaluator, GpuEvaluator)
+    header = {"problem": run.problem.name, "problem_version": run.problem.version,
+              "space": {g.name: list(g.choices) for g in run.problem.space.genes},
+              "cases": [c.key for c in run.cases], "baseline": run.baseline,
+              "baseline_us": evaluator.baseline_us, "copy_gbps": evaluator.copy_gbps,
+              "fingerprint": dict(evaluator.info.fingerprint), "sampling": rule,
+              "evaluator_options": dict(cfg.evaluator.gpu)}
+    writer = recording.Writer(out, header)
+    todo = [g for g in genomes if g.id not in writer.done]
+    print(f"record: {rule}; {len(writer.done)} already recorded, {len(todo)} to go -> {out}", file=sys.stderr)
+    start = time.monotonic()
+    try:
+        for i in range(0, len(todo), CHUNK):
+            batch = [Candidate(g, operator="record") for g in todo[i:i + CHUNK]]
+            for cand, res in zip(batch, evaluator.evaluate(batch)):
+                writer.add(cand.genome, res)
+            done = min(i + CHUNK, len(todo))
+            rate = done / (time.monotonic() - start)
+            print(f"record: {done}/{len(todo)} ({rate:.1f}/s, worker restarts {evaluator.restarts})",
+                  file=sys.stderr, flush=True)
+    finally:
+        evaluator.close()
+    return writer.finish({"restarts": evaluator.restarts, "wall_s": round(time.monotonic() - start, 1)})

@@ -1,0 +1,289 @@
+"""MLflow tracking of evolutionary runs (a parent run per run, a child run per candidate), written from a background
+thread so that the loop never waits on SQLite; the only module of the project that imports mlflow."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from kernel_factory.evo.config import RunConfig
+from kernel_factory.evo.evaluate import render
+from kernel_factory.evo.protocols import GenerationStats, Problem, RunInfo, RunSummary
+from kernel_factory.evo.types import Candidate, EvalResult, Status
+
+# MLflow reads this when it loads; a user's own setting wins.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+# MLflow 3.17's limits (mlflow/utils/validation.py). Longer values would be truncated with a warning per value,
+# and an oversized log_batch is rejected as a whole, so we stay inside them ourselves.
+MAX_PARAM_VALUE = 6000
+MAX_TAG_VALUE = 8000
+MAX_KEY = 250
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_OR_TAGS_PER_BATCH = 100
+MAX_ENTITIES_PER_BATCH = 1000
+
+# The server's background job runner costs ~1 GB of memory and nothing here uses it (api-notes 3c).
+UI_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+# Metric, param and tag names may hold alphanumerics, _ - . / and space everywhere; MLflow also takes ":" except
+# on Windows. A case key "bfloat16:32768x256" therefore becomes "bfloat16_32768x256", valid on every platform.
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/ ]")
+
+
+def safe_key(text: str) -> str:
+    """A metric/param/tag name MLflow accepts on every platform: unsafe characters become '_'."""
+    return _UNSAFE.sub("_", text)[:MAX_KEY]
+
+
+def open_store(store: str | os.PathLike[str]) -> tuple[MlflowClient, str]:
+    """A client on the SQLite store at `store` (relative paths from the CWD) and its tracking URI."""
+    path = Path(store).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{path}"   # the path is absolute, so the URI has four slashes
+    return MlflowClient(tracking_uri=uri), uri
+
+
+def ui_command(store: str | os.PathLike[str], artifacts: str | os.PathLike[str], host: str = "127.0.0.1",
+               port: int = 5000) -> list[str]:
+    """argv for the MLflow UI on our store; run it with UI_ENV added to the environment."""
+    return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{Path(store).resolve()}",
+            "--default-artifact-root", str(Path(artifacts).resolve()), "--host", host, "--port", str(port),
+            "--workers", "1"]
+
+
+def experiment_id(client: MlflowClient, name: str, artifacts: Path) -> str:
+    """The experiment's id, creating it with its artifact root on first use (MLflow fixes the root then)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifacts.as_uri())
+        except MlflowException:
+            exp = client.get_experiment_by_name(name)   # another run against the same store won the race
+            if exp is None:
+                raise
+    if exp.artifact_location != artifacts.as_uri():
+        print(f"mlflow: experiment {name!r} keeps its artifact root {exp.artifact_location}; "
+              f"tracking.artifacts ({artifacts}) applies only to new experiments", file=sys.stderr)
+    return exp.experiment_id
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config -> {"search.population": "24", ...}; non-string leaves as JSON, so None reads 'null'."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return out
+
+
+def batches(metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[RunTag]
+            ) -> Iterator[tuple[list[Metric], list[Param], list[RunTag]]]:
+    """Split one run's data into as few log_batch calls as MLflow's per-call limits allow (usually one)."""
+    metrics, params, tags = list(metrics), list(params), list(tags)
+    while metrics or params or tags:
+        p, params = params[:MAX_PARAMS_OR_TAGS_PER_BATCH], params[MAX_PARAMS_OR_TAGS_PER_BATCH:]
+        t, tags = tags[:MAX_PARAMS_OR_TAGS_PER_BATCH], tags[MAX_PARAMS_OR_TAGS_PER_BATCH:]
+        room = min(MAX_METRICS_PER_BATCH, MAX_ENTITIES_PER_BATCH - len(p) - len(t))
+        m, metrics = metrics[:room], metrics[room:]
+        yield m, p, t
+
+
+def _params(values: Mapping[str, str]) -> list[Param]:
+    return [Param(safe_key(k), v[:MAX_PARAM_VALUE]) for k, v in values.items()]
+
+
+def _tags(values: Mapping[str, str]) -> dict[str, str]:
+    return {safe_key(k): str(v)[:MAX_TAG_VALUE] for k, v in values.items()}
+
+
+def _metrics(values: Mapping[str, float], step: int) -> list[Metric]:
+    now = int(time.time() * 1000)
+    return [Metric(safe_key(k), float(v), now, step) for k, v in values.items()]
+
+
+def candidate_metrics(generation: int, result: EvalResult) -> dict[str, float]:
+    """Everything numeric about one evaluation: fitness, per-case times and bandwidth, ptxas facts per dtype."""
+    values: dict[str, float] = {"fitness": result.fitness, "generation": generation, "gpu_s": result.gpu_s}
+    per_case = {"time_us": result.times_us, "iqr_us": result.iqr_us, "baseline_us": result.baseline_us,
+                "gbps": result.gbps}
+    for prefix, by_case in per_case.items():
+        values.update({f"{prefix}.{safe_key(case)}": v for case, v in by_case.items()})
+    for dtype, info in result.build.items():
+        facts = {"registers": info.registers, "spill_stores": info.spill_stores, "shared_bytes": info.shared_bytes,
+                 "compile_s": info.compile_s}
+        values.update({f"{fact}.{safe_key(dtype)}": v for fact, v in facts.items() if v is not None})
+    return values
+
+
+class _Writer:
+    """One thread runs queued MLflow calls in order. A failing call is counted and the first one kept; the
+    calls after it still run, so one bad record never stops the rest (or the run)."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self.failures = 0
+        self.first_error: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, name="kf-mlflow-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.jobs.put(job)
+
+    def drain(self) -> None:
+        self.jobs.join()
+
+    def close(self) -> None:
+        self.jobs.put(None)   # queued after every job, so they all run first
+        self.thread.join()
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            try:
+                job()
+            except Exception as exc:   # noqa: BLE001 - recorded and reported in on_end, never fatal to the run
+                self.failures += 1
+                if self.first_error is None:
+                    self.first_error = exc
+            finally:
+                self.jobs.task_done()
+        self.jobs.task_done()
+
+
+class MlflowObserver:
+    """Observer that mirrors a run into MLflow. Every method only enqueues work, except on_generation and on_end,
+    which wait for it so that the store is consistent at generation boundaries."""
+
+    def __init__(self, problem: Problem, config: RunConfig):
+        self.problem = problem
+        self.store = Path(config.tracking.store).resolve()   # relative to the CWD the run starts in
+        self.artifacts = Path(config.tracking.artifacts).resolve()
+        self.experiment = config.tracking.experiment or problem.name
+        self.dtypes = tuple(config.dtypes or problem.dtypes[:1])   # rendered when a result has no build info
+        self.writer: _Writer | None = None
+        self.run: RunInfo | None = None
+        # Set and used on the writer thread only.
+        self.client: MlflowClient | None = None
+        self.experiment_id = ""
+        self.parent_id = ""
+
+    def on_start(self, run: RunInfo) -> None:
+        self.run = run
+        self.writer = _Writer()
+        self.writer.submit(self._start)
+
+    def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
+        for candidate, result in results:
+            self.writer.submit(functools.partial(self._log_candidate, generation, candidate, result))
+
+    def on_generation(self, stats: GenerationStats) -> None:
+        self.writer.submit(functools.partial(self._log_generation, stats))
+        self.writer.drain()
+
+    def on_end(self, summary: RunSummary) -> None:
+        if self.writer is None:
+            return
+        self.writer.submit(functools.partial(self._finish, summary))
+        self.writer.close()
+        if self.writer.first_error is not None:
+            err = self.writer.first_error
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            print(f"mlflow: {self.writer.failures} write(s) to {self.store} failed, so its record of run "
+                  f"{summary.run_id} is incomplete (the run itself is not affected); first: "
+                  f"{type(err).__name__}: {first_line}", file=sys.stderr)
+
+    # ---- on the writer thread -----------------------------------------------------------------------------------
+
+    def _log_batch(self, run_id: str, metrics: Sequence[Metric] = (), params: Sequence[Param] = (),
+                   tags: Sequence[RunTag] = ()) -> None:
+        for m, p, t in batches(metrics, params, tags):
+            # synchronous=True: otherwise MLFLOW_ENABLE_ASYNC_LOGGING in the environment would switch on the
+            # async queue, which costs 20-35x per short run.
+            self.client.log_batch(run_id, metrics=m, params=p, tags=t, synchronous=True)
+
+    def _start(self) -> None:
+        run = self.run
+        self.client, _ = open_store(self.store)
+        self.experiment_id = experiment_id(self.client, self.experiment, self.artifacts)
+        tags = {"kf.run_id": run.run_id, "kf.problem": run.problem, "kf.kind": "evolution",
+                "kf.evaluator": run.evaluator.kind, "kf.evaluator_label": run.evaluator.label}
+        tags.update({f"kf.env.{key}": value for key, value in run.evaluator.fingerprint.items()})
+        if run.evaluator.kind == "replay":
+            tags["kf.data"] = "recorded measurements replayed, no kernel ran in this run"
+        parent = self.client.create_run(self.experiment_id, run_name=run.run_id, tags=_tags(tags))
+        self.parent_id = parent.info.run_id
+        params = flatten(run.config) | {"seed": str(run.seed)}
+        self._log_batch(self.parent_id, params=_params(params))
+        self.client.log_text(self.parent_id, json.dumps(run.config, indent=2, default=str), "config.json")
+
+    def _log_candidate(self, generation: int, candidate: Candidate, result: EvalResult) -> None:
+        tags = {"mlflow.parentRunId": self.parent_id, "kf.run_id": self.run.run_id, "kf.kind": "candidate",
+                "kf.candidate_id": candidate.id, "kf.parent_ids": ",".join(candidate.parents),
+                "kf.operator": candidate.operator, "kf.generation": str(generation),
+                "kf.status": result.status.value, "kf.evaluator": self.run.evaluator.kind}
+        run_id = self.client.create_run(self.experiment_id, run_name=f"cand-{candidate.id}",
+                                        tags=_tags(tags)).info.run_id
+        try:
+            params = {f"gene.{name}": str(value) for name, value in candidate.genome.genes}
+            params["patch"] = ",".join(name for name, _ in candidate.genome.patch) or "none"
+            self._log_batch(run_id, _metrics(candidate_metrics(generation, result), 0), _params(params))
+            for name, text in self._candidate_files(candidate, result):
+                self.client.log_text(run_id, text, name)
+        except Exception:
+            # The run stays findable and says its record is incomplete; kf.status still carries the outcome.
+            self.client.set_terminated(run_id, status="FAILED")
+            raise
+        self.client.set_terminated(run_id, status="FINISHED")
+
+    def _candidate_files(self, candidate: Candidate, result: EvalResult) -> Iterator[tuple[str, str]]:
+        for dtype in result.build or self.dtypes:
+            yield f"kernel-{dtype}.cu", render.render(self.problem, candidate, dtype)
+            if dtype in result.build and result.build[dtype].log:
+                yield f"compile-{dtype}.log", result.build[dtype].log
+        if result.message:
+            yield "message.txt", result.message
+
+    def _log_generation(self, stats: GenerationStats) -> None:
+        # Every status gets a point each generation (0 when absent), so the count curves have no gaps.
+        counts = {status.value: 0 for status in Status} | dict(stats.counts)
+        values = {"best_fitness": stats.best_fitness, "median_fitness": stats.median_fitness,
+                  "evaluations": stats.evaluations, "wall_s": stats.wall_s}
+        values.update({f"count_{status}": n for status, n in counts.items()})
+        self._log_batch(self.parent_id, _metrics(values, stats.generation))
+
+    def _finish(self, summary: RunSummary) -> None:
+        best = summary.best
+        values = {"final_best_fitness": best[1].fitness if best else 0.0, "evaluations_total": summary.evaluations,
+                  "gpu_s_total": summary.gpu_s, "wall_s_total": summary.wall_s}
+        tags = {"kf.stop_reason": summary.stop_reason, "kf.best_candidate_id": best[0].id if best else "none"}
+        self._log_batch(self.parent_id, _metrics(values, summary.generations),
+                        tags=[RunTag(k, v) for k, v in _tags(tags).items()])
+        self.client.log_text(self.parent_id, json.dumps(summary_record(summary), indent=2), "summary.json")
+        self.client.set_terminated(self.parent_id, status="FINISHED")
+
+
+def summary_record(summary: RunSummary) -> dict[str, Any]:
+    """summary.json: how the run ended, the best candidate with its genes and per-case times, the hall of fame."""
+    best = None
+    if summary.best is not None:
+        candidate, result = summary.best
+        best = {"candidate_id": candidate.id, "fitness": result.fitness, "genes": candidate.genome.gene_dict,
+                "patch": candidate.genome.patch_dict, "times_us": dict(result.times_us),
+                "baseline_us": dict(result.baseline_us), "gbps": dict(result.gbps)}
+    return {"run_id": summary.run_id, "generations": summary.generations, "evaluations": summary.evaluations,
+            "stop_reason": summary.stop_reason, "wall_s": summary.wall_s, "gpu_s": summary.gpu_s, "best": best,
+            "hall_of_fame": [{"candidate_id": c.id, "fitness": r.fitness} for c, r in summary.hall_of_fame]}

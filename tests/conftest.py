@@ -1,0 +1,93 @@
+"""Shared test setup: the --gpu switch for tests marked `gpu`, and a small synthetic recording for loop tests.
+
+GPU tests never skip silently on a GPU host: with --gpu they run (and fail if no GPU is usable); without it they
+are reported as skipped with the reason.
+"""
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from kernel_factory.evo.evaluate import recording
+from kernel_factory.evo.types import BuildInfo, Case, EvalResult, Genome, Status
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--gpu", action="store_true", help="run tests marked gpu (needs an NVIDIA GPU)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--gpu"):
+        return
+    skip = pytest.mark.skip(reason="GPU test: run `pytest -m gpu --gpu` on a GPU host")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def synthetic_time_us(genes: dict, case: Case) -> float:
+    """A made-up, deterministic cost model with interactions between genes (tests only, never reported)."""
+    m, n = case.shape
+    bytes_moved = 4 * m * n
+    tpr = genes["threads"] // genes["rows_per_cta"]
+    fit = abs(math.log2(max(n // 8, 32) / tpr)) if n // 8 >= 32 else 0.5
+    eff = 0.95 - 0.06 * fit - (0.04 if genes["vec_bytes"] == 8 else 0.0)
+    eff -= 0.03 if genes["load"] == "plain" else 0.0
+    eff += 0.02 if (genes["keep_x"] and n <= 16384) else 0.0
+    eff -= 0.02 * abs(genes["unroll"] - 2)
+    return bytes_moved / (max(eff, 0.05) * 4.2e3) / 1e3
+
+
+def write_synthetic_recording(path: Path, problem, cases: list[Case], baseline: str = "torch_eager") -> Path:
+    """A recording in the real format over the problem's whole space, from synthetic_time_us."""
+    header = {"problem": problem.name, "problem_version": problem.version,
+              "space": {g.name: list(g.choices) for g in problem.space.genes},
+              "cases": [c.key for c in cases], "baseline": baseline,
+              "baseline_us": {c.key: synthetic_time_us(problem.space.defaults(), c) * 1.3 for c in cases},
+              "copy_gbps": 4200.0, "sampling": "exhaustive (synthetic, tests only)",
+              "fingerprint": {"gpu": "SYNTHETIC test data", "date": "2026-01-01"}}
+    writer = recording.Writer(path, header)
+    rng = random.Random(7)
+    for genes in problem.space.enumerate():
+        genome = Genome.of(genes)
+        roll = rng.random()
+        if roll < 0.03:
+            res = EvalResult(genome.id, Status.COMPILE_ERROR, message="synthetic compile error")
+        elif roll < 0.06:
+            res = EvalResult(genome.id, Status.INCORRECT, message="synthetic mismatch")
+        else:
+            times = {c.key: synthetic_time_us(genes, c) for c in cases}
+            res = EvalResult(genome.id, Status.OK, times_us=times, iqr_us={k: 0.01 * t for k, t in times.items()},
+                             build={"bfloat16": BuildInfo(registers=40)}, gpu_s=0.05)
+        writer.add(genome, res)
+    return writer.finish()
+
+
+@pytest.fixture(scope="session")
+def rmsnorm():
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    return problem
+
+
+@pytest.fixture(scope="session")
+def bench_cases(rmsnorm) -> list[Case]:
+    return [Case(s, "bfloat16") for s in rmsnorm.shape_sets["benchmark"]]
+
+
+@pytest.fixture(scope="session")
+def synthetic_recording(tmp_path_factory, rmsnorm, bench_cases) -> Path:
+    return write_synthetic_recording(tmp_path_factory.mktemp("rec") / "rmsnorm_fwd-synthetic.jsonl.gz", rmsnorm,
+                                     bench_cases)
+
+
+@pytest.fixture
+def replay_config(tmp_path, synthetic_recording):
+    """A config dict for a small replay run into a temporary MLflow store."""
+    return {"problem": "rmsnorm_fwd", "dtypes": ["bfloat16"], "seed": 3, "out_dir": str(tmp_path / "runs"),
+            "search": {"population": 12, "generations": 4},
+            "evaluator": {"kind": "replay", "replay": {"recording": str(synthetic_recording)}},
+            "tracking": {"store": str(tmp_path / "runs" / "mlflow.db"),
+                         "artifacts": str(tmp_path / "runs" / "artifacts")}}

@@ -1,0 +1,73 @@
+"""GPU tests (run on a GPU host: pytest -m gpu --gpu): the live evaluator accepts a correct kernel, rejects wrong
+and crashing ones with the right status, survives a fault, and times the same candidate consistently."""
+import pytest
+
+from kernel_factory.evo.types import Candidate, Case, Genome, Status
+
+pytestmark = pytest.mark.gpu
+
+CASES = [Case((32768, 1024), "bfloat16"), Case((8192, 8192), "bfloat16"), Case((4096, 65536), "bfloat16")]
+SPREAD = 0.15   # stated bound for one candidate timed in two separate evaluations (medians, per case)
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory):
+    from kernel_factory.evo.evaluate.gpu import GpuEvaluator
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    ev = GpuEvaluator(problem, CASES, "torch_eager", 0, str(tmp_path_factory.mktemp("gpu")), compile_workers=4)
+    yield ev
+    ev.close()
+
+
+def patched(problem, region, body):
+    return Candidate(Genome.of(problem.space.defaults(), {region: body}), operator="test")
+
+
+def second_pass(problem, old, new):
+    """The template's second_pass region with one edit (the edit must apply)."""
+    from kernel_factory.evo.evaluate.render import regions
+    body = regions(problem.template())["second_pass"]
+    assert old in body
+    return body.replace(old, new)
+
+
+def test_default_genome_is_correct_and_timed(evaluator):
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    (res,) = evaluator.evaluate([Candidate(Genome.of(problem.space.defaults()))])
+    assert res.status is Status.OK, res.message
+    assert set(res.times_us) == {c.key for c in CASES} and res.fitness > 0
+    assert evaluator.info.fingerprint["gpu"] and float(evaluator.info.fingerprint["copy_gbps"]) > 100
+
+
+def test_wrong_kernels_are_rejected(evaluator):
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    scaled = patched(problem, "second_pass", second_pass(problem, "rstd);", "rstd * 1.01f);"))
+    skips_last = patched(problem, "second_pass", second_pass(problem, "if (v < nv) normalize_store",
+                                                             "if (v < nv - 1) normalize_store"))
+    results = evaluator.evaluate([scaled, skips_last])
+    for res in results:
+        assert res.status is Status.INCORRECT, (res.status, res.message)
+        assert res.fitness == 0.0 and not res.times_us
+    assert "non-finite" in results[1].message or "values off" in results[1].message
+
+
+def test_crash_is_a_status_and_the_worker_recovers(evaluator):
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    crash = patched(problem, "second_pass",
+                    "if (lane == 0) { *(volatile float*)(0x10) = rstd; }\n")
+    restarts = evaluator.restarts
+    crashed, good = evaluator.evaluate([crash, Candidate(Genome.of({**problem.space.defaults(), "unroll": 1}))])
+    assert crashed.status is Status.CRASHED, crashed.message
+    assert evaluator.restarts == restarts + 1
+    assert good.status is Status.OK, good.message
+
+
+def test_same_candidate_timed_twice_agrees(evaluator):
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    cand = Candidate(Genome.of({**problem.space.defaults(), "store": "cs"}))
+    (a,), (b,) = evaluator.evaluate([cand]), evaluator.evaluate([cand])
+    assert a.status is Status.OK and b.status is Status.OK
+    for key in a.times_us:
+        spread = abs(a.times_us[key] - b.times_us[key]) / min(a.times_us[key], b.times_us[key])
+        print(f"{key}: {a.times_us[key]:.2f} us vs {b.times_us[key]:.2f} us ({spread:.1%})")
+        assert spread < SPREAD

@@ -1,0 +1,186 @@
+"""The MLflow observer against a real SQLite store: one parent run, a child run per candidate with its lineage,
+metrics and sources, per-generation curves, failures that do not stop the run, and no environment secrets."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from kernel_factory.evo.config import parse
+from kernel_factory.evo.observers.mlflow import MlflowObserver, batches, flatten, open_store, safe_key, ui_command
+from kernel_factory.evo.protocols import EvaluatorInfo, GenerationStats, RunInfo, RunSummary
+from kernel_factory.evo.types import BuildInfo, Candidate, Case, EvalResult, Genome, Status, geomean_speedup
+
+CASES = ("bfloat16:32768x256", "bfloat16:32768x1024")
+SECRET = "sk-test-SECRET-1234"
+
+
+def ok(cand: Candidate, t: float) -> EvalResult:
+    times = {k: t for k in CASES}
+    base = {k: 12.0 for k in CASES}
+    return EvalResult(cand.id, Status.OK, geomean_speedup(times, base), times, {k: 0.1 for k in CASES}, base,
+                      {k: 3000.0 for k in CASES}, {"bfloat16": BuildInfo(registers=40, compile_s=0.25)},
+                      evaluator="gpu", gpu_s=0.05)
+
+
+def drive(tmp_path: Path, problem, kind: str = "gpu", extra_patch: dict | None = None) -> tuple:
+    """A two-generation run through the observer; returns (observer, config, candidates by name)."""
+    cfg = parse({"problem": "rmsnorm_fwd", "tracking": {"store": str(tmp_path / "m.db"),
+                                                        "artifacts": str(tmp_path / "art")}})
+    d = problem.space.defaults()
+    c = {"a": Candidate(Genome.of(d)),
+         "b": Candidate(Genome.of({**d, "threads": 512})),
+         "c": Candidate(Genome.of({**d, "load": "plain"}))}
+    c["x"] = Candidate(Genome.of({**d, "load": "plain", "threads": 128}), (c["a"].id, c["c"].id),
+                       "uniform_crossover", 1)
+    c["p"] = Candidate(Genome.of({**d, "reduce": "smem"}, extra_patch or {"reduce": "// patched reduce\n"}),
+                       (c["a"].id,), "ptx_mutation", 1)
+    res = {"a": ok(c["a"], 10.0),
+           "b": EvalResult(c["b"].id, Status.COMPILE_ERROR,
+                           build={"bfloat16": BuildInfo(log="ptxas error: too many resources requested")},
+                           message="compile failed"),
+           "c": EvalResult(c["c"].id, Status.INCORRECT, message="max abs error 3.1 at (0, 7)"),
+           "x": ok(c["x"], 8.0), "p": ok(c["p"], 9.0)}
+    info = EvaluatorInfo(kind, f"{kind} evaluator for tests", {"gpu": "NVIDIA H200", "driver": "580.95"})
+    run = RunInfo("run-t1", "rmsnorm_fwd", 0, cfg.to_json(), info, tuple(Case.parse(k) for k in CASES),
+                  str(tmp_path / "runs"))
+    obs = MlflowObserver(problem=problem, config=cfg)
+    obs.on_start(run)
+    for gen, names in ((0, "abc"), (1, "xp")):
+        obs.on_results(gen, [(c[n], res[n]) for n in names])
+        obs.on_generation(GenerationStats(gen, 3 if gen == 0 else 5, res["a" if gen == 0 else "x"].fitness, 0.5,
+                                          c["a" if gen == 0 else "x"].id, {"ok": 1}, 0.1))
+    obs.on_end(RunSummary("run-t1", 1, 5, "generations", 1.0, 0.15, (c["x"], res["x"]),
+                          ((c["x"], res["x"]), (c["p"], res["p"]), (c["a"], res["a"]))))
+    return obs, cfg, c
+
+
+def client_for(tmp_path: Path) -> tuple[MlflowClient, str]:
+    """A fresh client, as a later process would open the store, and the problem's experiment id."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'm.db').resolve()}")
+    return client, client.get_experiment_by_name("rmsnorm_fwd").experiment_id
+
+
+def text_artifact(client: MlflowClient, run_id: str, path: str, dst: Path) -> str:
+    uri = f"{client.get_run(run_id).info.artifact_uri}/{path}"
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst))).read_text()
+
+
+def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
+    obs, cfg, c = drive(tmp_path, rmsnorm)
+    assert obs.writer.failures == 0
+    client, exp_id = client_for(tmp_path)
+    assert client.get_experiment(exp_id).artifact_location == (tmp_path / "art").resolve().as_uri()
+
+    (parent,) = client.search_runs([exp_id], "tags.kf.kind = 'evolution'")
+    pid, tags = parent.info.run_id, parent.data.tags
+    assert parent.info.run_name == "run-t1" and parent.info.status == "FINISHED"
+    assert {k: tags[k] for k in ("kf.run_id", "kf.problem", "kf.evaluator", "kf.env.gpu", "kf.stop_reason",
+                                 "kf.best_candidate_id")} == {
+        "kf.run_id": "run-t1", "kf.problem": "rmsnorm_fwd", "kf.evaluator": "gpu", "kf.env.gpu": "NVIDIA H200",
+        "kf.stop_reason": "generations", "kf.best_candidate_id": c["x"].id}
+    assert tags["kf.evaluator_label"] == "gpu evaluator for tests" and "kf.data" not in tags
+    assert parent.data.params["search.population"] == "24" and parent.data.params["seed"] == "0"
+    assert parent.data.params["search.operators.gene_mutation.weight"] == "0.5"
+    assert parent.data.params["tracking.experiment"] == "null"
+    assert [m.step for m in client.get_metric_history(pid, "best_fitness")] == [0, 1]
+    assert [m.value for m in client.get_metric_history(pid, "count_ok")] == [1, 1]
+    assert [m.value for m in client.get_metric_history(pid, "count_timeout")] == [0, 0]
+    assert parent.data.metrics["evaluations_total"] == 5
+    assert parent.data.metrics["final_best_fitness"] == ok(c["x"], 8.0).fitness
+    summary = json.loads(text_artifact(client, pid, "summary.json", tmp_path / "dl"))
+    assert summary["best"]["candidate_id"] == c["x"].id and summary["best"]["genes"]["threads"] == 128
+    assert [h["candidate_id"] for h in summary["hall_of_fame"]] == [c[n].id for n in "xpa"]
+    assert json.loads(text_artifact(client, pid, "config.json", tmp_path / "dl"))["problem"] == "rmsnorm_fwd"
+
+    children = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{pid}'")
+    runs = {r.data.tags["kf.candidate_id"]: r for r in children}
+    assert set(runs) == {cand.id for cand in c.values()}
+    by = {n: runs[c[n].id] for n in c}
+    assert by["x"].data.tags["kf.parent_ids"] == f"{c['a'].id},{c['c'].id}"
+    assert by["x"].data.tags["kf.operator"] == "uniform_crossover" and by["x"].data.tags["kf.generation"] == "1"
+    assert by["a"].data.tags["kf.parent_ids"] == ""
+    assert {n: r.data.tags["kf.status"] for n, r in by.items()} == {
+        "a": "ok", "b": "compile_error", "c": "incorrect", "x": "ok", "p": "ok"}
+    assert all(r.info.status == "FINISHED" and r.info.run_name == f"cand-{r.data.tags['kf.candidate_id']}"
+               for r in children)
+    assert by["a"].data.metrics["time_us.bfloat16_32768x256"] == 10.0
+    assert by["a"].data.metrics["registers.bfloat16"] == 40 and by["b"].data.metrics["fitness"] == 0.0
+    assert by["x"].data.params["gene.threads"] == "128" and by["x"].data.params["patch"] == "none"
+    assert by["p"].data.params["patch"] == "reduce"
+
+    # The names we chose work in MLflow's filter grammar, numbers as metrics included.
+    fast = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{pid}' and "
+                                        "metrics.time_us.bfloat16_32768x256 < 9.5 and metrics.generation >= 1")
+    assert {r.data.tags["kf.candidate_id"] for r in fast} == {c["x"].id, c["p"].id}
+
+    names = {n: {a.path for a in client.list_artifacts(r.info.run_id)} for n, r in by.items()}
+    assert names["a"] == {"kernel-bfloat16.cu"}
+    assert names["b"] == {"kernel-bfloat16.cu", "compile-bfloat16.log", "message.txt"}
+    assert names["c"] == {"kernel-bfloat16.cu", "message.txt"}   # no build info: the run's dtype is rendered
+    src = text_artifact(client, by["x"].info.run_id, "kernel-bfloat16.cu", tmp_path / "dl")
+    assert f"kernel-factory candidate {c['x'].id}" in src and "#define THREADS 128" in src
+    assert "// patched reduce" in text_artifact(client, by["p"].info.run_id, "kernel-bfloat16.cu", tmp_path / "dl")
+    assert "too many resources" in text_artifact(client, by["b"].info.run_id, "compile-bfloat16.log",
+                                                 tmp_path / "dl")
+
+
+def test_replay_runs_say_no_kernel_ran(tmp_path, rmsnorm):
+    drive(tmp_path, rmsnorm, kind="replay")
+    client, exp_id = client_for(tmp_path)
+    (parent,) = client.search_runs([exp_id], "tags.kf.kind = 'evolution'")
+    assert parent.data.tags["kf.evaluator"] == "replay"
+    assert parent.data.tags["kf.data"] == "recorded measurements replayed, no kernel ran in this run"
+    children = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == 5 and {r.data.tags["kf.evaluator"] for r in children} == {"replay"}
+
+
+def test_no_environment_secret_reaches_the_store(tmp_path, rmsnorm, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("KF_SECRET_TOKEN", SECRET)
+    drive(tmp_path, rmsnorm)
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "m.db" for p in files) and any(p.name == "kernel-bfloat16.cu" for p in files)
+    assert [p for p in files if SECRET.encode() in p.read_bytes()] == []
+
+
+def test_a_failing_write_is_reported_and_the_rest_is_kept(tmp_path, rmsnorm, capsys):
+    # A patch for a region the template lacks cannot be rendered: that candidate's artifact write fails.
+    obs, _, c = drive(tmp_path, rmsnorm, extra_patch={"no_such_region": "x"})
+    assert obs.writer.failures == 1 and "no_such_region" in str(obs.writer.first_error)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 write(s)" in err[0] and "PatchError" in err[0]
+    client, exp_id = client_for(tmp_path)
+    (parent,) = client.search_runs([exp_id], "tags.kf.kind = 'evolution'")
+    assert parent.info.status == "FINISHED" and parent.data.metrics["evaluations_total"] == 5
+    children = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    status = {r.data.tags["kf.candidate_id"]: r.info.status for r in children}
+    assert status.pop(c["p"].id) == "FAILED" and set(status.values()) == {"FINISHED"} and len(status) == 4
+
+
+def test_batches_respect_mlflow_limits():
+    metrics = [Metric(f"m{i}", 1.0, 0, 0) for i in range(2500)]
+    params = [Param(f"p{i}", "v") for i in range(150)]
+    tags = [RunTag(f"t{i}", "v") for i in range(5)]
+    calls = list(batches(metrics, params, tags))
+    assert all(len(m) <= 1000 and len(p) <= 100 and len(t) <= 100 and len(m) + len(p) + len(t) <= 1000
+               for m, p, t in calls)
+    assert [x for m, _, _ in calls for x in m] == metrics and [x for _, p, _ in calls for x in p] == params
+    assert len(calls) == 3 and list(batches([], [], [])) == []
+
+
+def test_names_config_store_and_ui_command(tmp_path):
+    assert safe_key("time_us.bfloat16:32768x256") == "time_us.bfloat16_32768x256"
+    assert flatten({"a": {"b": 1, "c": {}}, "d": None, "e": ["x"], "f": "s"}) == {
+        "a.b": "1", "a.c": "{}", "d": "null", "e": '["x"]', "f": "s"}
+    client, uri = open_store(tmp_path / "new" / "x.db")
+    assert (tmp_path / "new").is_dir() and uri == f"sqlite:///{(tmp_path / 'new' / 'x.db').resolve()}"
+    assert uri.startswith("sqlite:////") and isinstance(client, MlflowClient)
+    argv = ui_command(tmp_path / "m.db", tmp_path / "art", port=5123)
+    assert argv[:4] == [sys.executable, "-m", "mlflow", "ui"]
+    assert argv[4:] == ["--backend-store-uri", f"sqlite:///{(tmp_path / 'm.db').resolve()}", "--default-artifact-root",
+                        str((tmp_path / "art").resolve()), "--host", "127.0.0.1", "--port", "5123", "--workers", "1"]

@@ -1,0 +1,45 @@
+"""Rendering: gene #defines, a header naming the candidate, and patches confined to editable regions."""
+import pytest
+
+from kernel_factory.evo.evaluate import render
+from kernel_factory.evo.types import Candidate, Genome
+
+T = """head
+// ---- KF-EDIT-BEGIN one ----
+old one
+// ---- KF-EDIT-END one ----
+middle
+// KF-EDIT-BEGIN two
+old two
+// KF-EDIT-END two
+tail
+"""
+
+
+def test_regions_are_found():
+    assert render.regions(T) == {"one": "old one\n", "two": "old two\n"}
+
+
+def test_patch_replaces_only_its_region():
+    out = render.apply_patch(T, {"two": "new two"})
+    assert "new two\n" in out and "old two" not in out and "old one" in out
+    assert out.startswith("head\n") and out.endswith("tail\n") and "KF-EDIT-END two" in out
+
+
+def test_unknown_region_is_an_error():
+    with pytest.raises(render.PatchError, match="'three'"):
+        render.apply_patch(T, {"three": "x"})
+
+
+def test_render_has_header_defines_and_template(rmsnorm):
+    cand = Candidate(Genome.of({**rmsnorm.space.defaults(), "load": "cp_async"}), ("aaa", "bbb"), "uniform_crossover", 4)
+    src = render.render(rmsnorm, cand, "float16")
+    assert src.startswith(f"// kernel-factory candidate {cand.id}")
+    assert "parents: aaa, bbb | operator: uniform_crossover | generation: 4" in src
+    assert "#define LOAD LOAD_CP_ASYNC\n" in src and "#define KEEP_X 1\n" in src and "#define DTYPE DTYPE_FLOAT16" in src
+    # lineage is in the header only: the binary (and its cache key) depends on genes, not parents
+    assert render.body(rmsnorm, cand.genome, "float16") in src
+
+
+def test_template_regions_exist(rmsnorm):
+    assert {"load_store", "reduce", "first_pass", "second_pass"} <= set(render.regions(rmsnorm.template()))
