@@ -70,7 +70,6 @@ constexpr int TPR = THREADS / ROWS_PER_CTA;                  // threads per row
 constexpr int VEC = VEC_BYTES / (int)sizeof(elem_t);          // elements per vector access
 constexpr int WORDS = VEC_BYTES / 4;                          // 32-bit words per vector
 constexpr int REG_VECS = KEEP_X ? 128 / VEC_BYTES : 0;        // vectors per thread kept in registers (128 bytes)
-constexpr int STAGES = UNROLL + 1;                            // cp.async ring slots per thread
 static_assert(THREADS % ROWS_PER_CTA == 0 && TPR % 32 == 0, "a row needs whole warps");
 static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
 
@@ -92,7 +91,7 @@ struct vec_t { unsigned int w[WORDS]; };
 
 __device__ __forceinline__ vec_t load_vec(const elem_t* p) {
   vec_t v;
-#if WORDS == 4
+#if VEC_BYTES == 16
   asm(LD_OP ".v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
 #else
@@ -102,7 +101,7 @@ __device__ __forceinline__ vec_t load_vec(const elem_t* p) {
 }
 
 __device__ __forceinline__ void store_vec(elem_t* p, const vec_t& v) {
-#if WORDS == 4
+#if VEC_BYTES == 16
   asm volatile(ST_OP ".v4.u32 [%0], {%1, %2, %3, %4};"
                :: "l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
 #else
@@ -218,11 +217,21 @@ __device__ __forceinline__ float inv_rms(float sumsq, int n, float eps) {
 #endif
 }
 
+// w is fp32 and read by every row: the read-only path, in 16-byte pieces where VEC allows it.
+// (VEC is a constexpr, not a macro: choose with `if constexpr`, never with #if.)
 __device__ __forceinline__ void load_weight(const float* w, float (&f)[VEC]) {
+  if constexpr (VEC % 4 == 0) {
 #pragma unroll
-  for (int i = 0; i < VEC; i += 2) {
-    const float2 t = __ldg(reinterpret_cast<const float2*>(w + i));
-    f[i] = t.x; f[i + 1] = t.y;
+    for (int i = 0; i < VEC; i += 4) {
+      const float4 t = __ldg(reinterpret_cast<const float4*>(w + i));
+      f[i] = t.x; f[i + 1] = t.y; f[i + 2] = t.z; f[i + 3] = t.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; i += 2) {
+      const float2 t = __ldg(reinterpret_cast<const float2*>(w + i));
+      f[i] = t.x; f[i + 1] = t.y;
+    }
   }
 }
 
@@ -240,7 +249,7 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ w, elem_t* _
             float* __restrict__ rstd_out, int M, int N, float eps) {
   __shared__ float red[RED_SLOTS];
 #if LOAD == LOAD_CP_ASYNC
-  __shared__ __align__(16) unsigned char ring[STAGES * THREADS * VEC_BYTES];
+  __shared__ __align__(16) unsigned char ring[(UNROLL + 1) * THREADS * VEC_BYTES];
 #endif
   const int grp = threadIdx.x / TPR;          // row group inside the CTA
   const int lane = threadIdx.x % TPR;         // thread inside the row
@@ -251,7 +260,7 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ w, elem_t* _
 
   const bool vector_ok = (N % VEC == 0) &&
                          (((unsigned long long)x | (unsigned long long)y) % VEC_BYTES == 0) &&
-                         ((unsigned long long)w % 8 == 0);
+                         ((unsigned long long)w % (VEC % 4 == 0 ? 16 : 8) == 0);
   if (!vector_ok) {
     // Scalar path: any N, any alignment.
     float ss = 0.f;
@@ -271,6 +280,7 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ w, elem_t* _
 
   // ---- KF-EDIT-BEGIN first_pass --------------------------------------------------------------------------------
 #if LOAD == LOAD_CP_ASYNC
+  constexpr int STAGES = UNROLL + 1;          // ring slots per thread
   // Per-thread ring of STAGES slots; slot (s, thread) is contiguous across threads (no bank conflicts).
   // Prefetch distance UNROLL: the refill of iteration k goes to the slot read in iteration k-1.
   vec_t* slots = reinterpret_cast<vec_t*>(ring);

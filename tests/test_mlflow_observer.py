@@ -3,10 +3,12 @@ metrics and sources, per-generation curves, failures that do not stop the run, a
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import mlflow
+import pytest
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -19,6 +21,19 @@ CASES = ("bfloat16:32768x256", "bfloat16:32768x1024")
 SECRET = "sk-test-SECRET-1234"
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """A store with MLflow's schema in place: creating one takes ~3 s of migrations, copying it ~50 ms."""
+    path = tmp_path_factory.mktemp("template") / "m.db"
+    open_store(path)[0].search_experiments()
+    return path
+
+
+@pytest.fixture
+def migrated(tmp_path, empty_store) -> None:
+    shutil.copy(empty_store, tmp_path / "m.db")
+
+
 def ok(cand: Candidate, t: float) -> EvalResult:
     times = {k: t for k in CASES}
     base = {k: 12.0 for k in CASES}
@@ -27,9 +42,9 @@ def ok(cand: Candidate, t: float) -> EvalResult:
                       evaluator="gpu", gpu_s=0.05)
 
 
-def drive(tmp_path: Path, problem, kind: str = "gpu", extra_patch: dict | None = None) -> tuple:
+def drive(tmp_path: Path, problem, kind: str = "gpu", extra_patch: dict | None = None, db: str = "m.db") -> tuple:
     """A two-generation run through the observer; returns (observer, config, candidates by name)."""
-    cfg = parse({"problem": "rmsnorm_fwd", "tracking": {"store": str(tmp_path / "m.db"),
+    cfg = parse({"problem": "rmsnorm_fwd", "tracking": {"store": str(tmp_path / db),
                                                         "artifacts": str(tmp_path / "art")}})
     d = problem.space.defaults()
     c = {"a": Candidate(Genome.of(d)),
@@ -59,9 +74,9 @@ def drive(tmp_path: Path, problem, kind: str = "gpu", extra_patch: dict | None =
     return obs, cfg, c
 
 
-def client_for(tmp_path: Path) -> tuple[MlflowClient, str]:
+def client_for(tmp_path: Path, db: str = "m.db") -> tuple[MlflowClient, str]:
     """A fresh client, as a later process would open the store, and the problem's experiment id."""
-    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'm.db').resolve()}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / db).resolve()}")
     return client, client.get_experiment_by_name("rmsnorm_fwd").experiment_id
 
 
@@ -70,6 +85,7 @@ def text_artifact(client: MlflowClient, run_id: str, path: str, dst: Path) -> st
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst))).read_text()
 
 
+@pytest.mark.usefixtures("migrated")
 def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
     obs, cfg, c = drive(tmp_path, rmsnorm)
     assert obs.writer.failures == 0
@@ -129,6 +145,7 @@ def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
                                                  tmp_path / "dl")
 
 
+@pytest.mark.usefixtures("migrated")
 def test_replay_runs_say_no_kernel_ran(tmp_path, rmsnorm):
     drive(tmp_path, rmsnorm, kind="replay")
     client, exp_id = client_for(tmp_path)
@@ -140,14 +157,18 @@ def test_replay_runs_say_no_kernel_ran(tmp_path, rmsnorm):
 
 
 def test_no_environment_secret_reaches_the_store(tmp_path, rmsnorm, monkeypatch):
+    # A fresh store (not a copy): its schema is created while the secret is in the environment.
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     monkeypatch.setenv("KF_SECRET_TOKEN", SECRET)
-    drive(tmp_path, rmsnorm)
+    drive(tmp_path, rmsnorm, db="runs/m.db")   # the store's folder does not exist yet: the observer makes it
+    client, exp_id = client_for(tmp_path, "runs/m.db")
+    assert len(client.search_runs([exp_id], "")) == 6
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert any(p.name == "m.db" for p in files) and any(p.name == "kernel-bfloat16.cu" for p in files)
+    assert any(p.name == "kernel-bfloat16.cu" for p in files)
     assert [p for p in files if SECRET.encode() in p.read_bytes()] == []
 
 
+@pytest.mark.usefixtures("migrated")
 def test_a_failing_write_is_reported_and_the_rest_is_kept(tmp_path, rmsnorm, capsys):
     # A patch for a region the template lacks cannot be rendered: that candidate's artifact write fails.
     obs, _, c = drive(tmp_path, rmsnorm, extra_patch={"no_such_region": "x"})
@@ -173,13 +194,13 @@ def test_batches_respect_mlflow_limits():
     assert len(calls) == 3 and list(batches([], [], [])) == []
 
 
-def test_names_config_store_and_ui_command(tmp_path):
+def test_names_config_store_and_ui_command(tmp_path, empty_store):
     assert safe_key("time_us.bfloat16:32768x256") == "time_us.bfloat16_32768x256"
     assert flatten({"a": {"b": 1, "c": {}}, "d": None, "e": ["x"], "f": "s"}) == {
         "a.b": "1", "a.c": "{}", "d": "null", "e": '["x"]', "f": "s"}
-    client, uri = open_store(tmp_path / "new" / "x.db")
-    assert (tmp_path / "new").is_dir() and uri == f"sqlite:///{(tmp_path / 'new' / 'x.db').resolve()}"
-    assert uri.startswith("sqlite:////") and isinstance(client, MlflowClient)
+    client, uri = open_store(empty_store)
+    assert uri == f"sqlite:///{empty_store.resolve()}" and uri.startswith("sqlite:////")
+    assert client.get_experiment_by_name("Default") is not None
     argv = ui_command(tmp_path / "m.db", tmp_path / "art", port=5123)
     assert argv[:4] == [sys.executable, "-m", "mlflow", "ui"]
     assert argv[4:] == ["--backend-store-uri", f"sqlite:///{(tmp_path / 'm.db').resolve()}", "--default-artifact-root",

@@ -13,7 +13,8 @@ from kernel_factory.evo.evaluate import recording
 from kernel_factory.evo.evaluate.gpu import GpuEvaluator
 from kernel_factory.evo.types import Candidate, GeneSpace, Genome
 
-CHUNK = 48   # candidates per evaluate() call: big enough to keep the compile pool ahead of the GPU
+CHUNK = 48       # candidates per evaluate() call: big enough to keep the compile pool ahead of the GPU
+REMEASURE = 12   # genomes re-timed when a recording resumes
 
 
 def sampled_space(space: GeneSpace, sample: int | None, sample_seed: int) -> tuple[list[Genome], str]:
@@ -26,6 +27,17 @@ def sampled_space(space: GeneSpace, sample: int | None, sample_seed: int) -> tup
         picked[0] = default
     return picked, (f"uniform random sample of {sample} of {len(every)} feasible genomes "
                     f"(random.Random({sample_seed}).sample, template defaults always included)")
+
+
+def remeasure(writer: recording.Writer, evaluator: GpuEvaluator, header: dict) -> dict:
+    """This machine's fingerprint and baseline, and fresh times for a few genomes recorded before (drift check)."""
+    before = recording.read(writer.partial)
+    ok = [(g, r) for g, r in before.entries.values() if not r.status.failed][:REMEASURE]
+    again = evaluator.evaluate([Candidate(g, operator="remeasure") for g, _ in ok])
+    return {"fingerprint": header["fingerprint"], "baseline_us": header["baseline_us"],
+            "copy_gbps": header["copy_gbps"], "recorded_before": len(writer.done),
+            "remeasured": {g.id: {"before_us": dict(r.times_us), "now_us": dict(n.times_us), "status": n.status.value}
+                           for (g, r), n in zip(ok, again)}}
 
 
 def record(cfg: RunConfig, out: Path, sample: int | None = None, sample_seed: int = 0) -> Path:
@@ -43,6 +55,8 @@ def record(cfg: RunConfig, out: Path, sample: int | None = None, sample_seed: in
               "fingerprint": dict(evaluator.info.fingerprint), "sampling": rule,
               "evaluator_options": dict(cfg.evaluator.gpu)}
     writer = recording.Writer(out, header)
+    if writer.done:
+        writer.add_resume(remeasure(writer, evaluator, header))
     todo = [g for g in genomes if g.id not in writer.done]
     print(f"record: {rule}; {len(writer.done)} already recorded, {len(todo)} to go -> {out}", file=sys.stderr)
     start = time.monotonic()

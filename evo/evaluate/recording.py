@@ -2,7 +2,10 @@
 
 Line 1 is a header (problem, cases, baseline and its times, copy bandwidth, environment fingerprint, sampling
 rule, timing policy); every further line is one genome's result. While recording, lines are appended (and
-fsync'd) to `<name>.partial.jsonl`, so an interrupted recording resumes where it stopped.
+fsync'd) to `<name>.partial.jsonl`, so an interrupted recording resumes where it stopped. A resumed recording
+(possibly on another machine) adds a `resume` line with that machine's fingerprint and baseline and a re-measure
+of a few genomes recorded before, so that any drift between the parts is on record; the final header lists them
+under "resumes".
 """
 from __future__ import annotations
 
@@ -49,10 +52,15 @@ def read(path: str | Path) -> Recording:
     header = next(lines, None)
     if not header or header.get("format") != FORMAT:
         raise ValueError(f"{path} is not a kernel-factory recording (expected format {FORMAT})")
-    entries = {}
+    entries, resumes = {}, []
     for row in lines:
+        if "resume" in row:
+            resumes.append(row["resume"])
+            continue
         genome = Genome.from_json(row["genome"])
         entries[genome.id] = (genome, EvalResult.from_json({**row["result"], "candidate_id": genome.id, "fitness": 0.0}))
+    if resumes:
+        header = {**header, "resumes": list(header.get("resumes", [])) + resumes}
     return Recording(header, entries, path)
 
 
@@ -77,7 +85,7 @@ class Writer:
         """Drop a torn last line by rewriting what was read intact."""
         tmp = self.partial.with_suffix(".tmp")
         with open(tmp, "w") as fh:
-            fh.write(json.dumps(dict(old.header)) + "\n")
+            fh.write(json.dumps(dict(old.header)) + "\n")   # resumes so far now live in the header
             for genome, result in old.entries.values():
                 fh.write(json.dumps(entry(genome, result)) + "\n")
         os.replace(tmp, self.partial)
@@ -87,6 +95,9 @@ class Writer:
             fh.write(json.dumps(row) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+
+    def add_resume(self, info: Mapping[str, Any]) -> None:
+        self._append({"resume": dict(info)})
 
     def add(self, genome: Genome, result: EvalResult) -> None:
         self._append(entry(genome, result))

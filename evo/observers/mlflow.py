@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import queue
 import re
@@ -25,6 +26,10 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+# A new store logs "Creating initial MLflow database tables..." at INFO from the writer thread, which would land in
+# the middle of the console observer's progress line.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+
 # MLflow 3.17's limits (mlflow/utils/validation.py). Longer values would be truncated with a warning per value,
 # and an oversized log_batch is rejected as a whole, so we stay inside them ourselves.
 MAX_PARAM_VALUE = 6000
@@ -37,8 +42,9 @@ MAX_ENTITIES_PER_BATCH = 1000
 # The server's background job runner costs ~1 GB of memory and nothing here uses it (api-notes 3c).
 UI_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
-# Metric, param and tag names may hold alphanumerics, _ - . / and space everywhere; MLflow also takes ":" except
-# on Windows. A case key "bfloat16:32768x256" therefore becomes "bfloat16_32768x256", valid on every platform.
+# Metric, param and tag names may hold alphanumerics, _ - . / and space everywhere. MLflow also takes ":" except on
+# Windows, but an unquoted ":" breaks a search filter (`metrics.time_us.bfloat16:32768x256 < 6` is rejected), so a
+# case key "bfloat16:32768x256" becomes "bfloat16_32768x256": valid everywhere and queryable without backticks.
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/ ]")
 
 

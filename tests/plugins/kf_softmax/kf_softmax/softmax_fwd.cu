@@ -71,9 +71,10 @@ struct vec_t { unsigned int w[WORDS]; };
 #define LD_OP "ld.global.nc"
 #endif
 
+// The width tests use the macro VEC_BYTES: the preprocessor cannot see constexpr values (WORDS would read as 0).
 __device__ __forceinline__ vec_t load_vec(const elem_t* p) {
   vec_t v;
-#if WORDS == 4
+#if VEC_BYTES == 16
   asm(LD_OP ".v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
 #else
@@ -83,7 +84,7 @@ __device__ __forceinline__ vec_t load_vec(const elem_t* p) {
 }
 
 __device__ __forceinline__ void store_vec(elem_t* p, const vec_t& v) {
-#if WORDS == 4
+#if VEC_BYTES == 16
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};"
                :: "l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
 #else

@@ -1,0 +1,53 @@
+"""The recording format: append, survive a torn line, resume with a drift record, compress, read back."""
+import gzip
+import json
+
+import pytest
+
+from kernel_factory.evo.evaluate import recording
+from kernel_factory.evo.types import BuildInfo, EvalResult, Genome, Status
+
+HEADER = {"problem": "p", "cases": ["bfloat16:4x8"], "baseline": "torch_eager", "baseline_us": {"bfloat16:4x8": 2.0}}
+
+
+def result(gid, t):
+    return EvalResult(gid, Status.OK, 1.0, {"bfloat16:4x8": t}, {"bfloat16:4x8": 0.1},
+                      build={"bfloat16": BuildInfo(registers=32, log="ptxas info ...")}, gpu_s=0.2)
+
+
+def test_write_resume_finish(tmp_path):
+    final = tmp_path / "p-bf16.jsonl.gz"
+    w = recording.Writer(final, HEADER)
+    g1, g2, g3 = (Genome.of({"a": i}) for i in range(3))
+    w.add(g1, result(g1.id, 1.0))
+    w.add(g2, EvalResult(g2.id, Status.INCORRECT, message="off by one"))
+    with open(w.partial, "a") as fh:          # a kill mid-write leaves a torn line
+        fh.write('{"genome": {"genes": {"a"')
+    w2 = recording.Writer(final, HEADER)
+    assert w2.done == {g1.id, g2.id}
+    w2.add_resume({"fingerprint": {"gpu": "other"}, "remeasured": {}})
+    w2.add(g3, result(g3.id, 3.0))
+    path = w2.finish({"wall_s": 1.0})
+    assert path == final and not w2.partial.exists()
+    rec = recording.read(final)
+    assert rec.header["format"] == recording.FORMAT and rec.header["wall_s"] == 1.0
+    assert rec.header["resumes"] == [{"fingerprint": {"gpu": "other"}, "remeasured": {}}]
+    assert set(rec.entries) == {g1.id, g2.id, g3.id}
+    assert rec.entries[g3.id][1].times_us == {"bfloat16:4x8": 3.0}
+    assert rec.entries[g2.id][1].status is Status.INCORRECT and rec.entries[g2.id][1].message == "off by one"
+    raw = gzip.open(final, "rt").read()
+    assert "ptxas info" not in raw, "compile logs stay out of recordings (size)"
+
+
+def test_resume_refuses_another_problem(tmp_path):
+    final = tmp_path / "p.jsonl.gz"
+    recording.Writer(final, HEADER).add(Genome.of({"a": 1}), result("x", 1.0))
+    with pytest.raises(ValueError, match="another problem or case list"):
+        recording.Writer(final, {**HEADER, "cases": ["bfloat16:8x8"]})
+
+
+def test_not_a_recording(tmp_path):
+    bad = tmp_path / "x.jsonl"
+    bad.write_text(json.dumps({"hello": 1}) + "\n")
+    with pytest.raises(ValueError, match="not a kernel-factory recording"):
+        recording.read(bad)
