@@ -1,19 +1,17 @@
-"""The softmax plugin (tests/plugins/kf_softmax), installed as its own distribution, is found through the entry point,
-satisfies the Problem contract and compiles for its whole gene space: a new problem needs no change to evo/.
-
-CI installs it first with `pip install --no-deps ./tests/plugins/kf_softmax`; without it these tests fail (not skip),
-since a missing plugin would otherwise hide a broken discovery path.
-"""
+"""Proves a problem shipped as its own package (tests/plugins/kf_softmax) plugs in with no change to evo/."""
+# CI installs it first with `pip install --no-deps ./tests/plugins/kf_softmax`. Without it these tests fail rather
+# than skip: a skipped test would hide a broken discovery path.
 from __future__ import annotations
 
+from collections import Counter
 from importlib.metadata import entry_points
 
 import pytest
 import torch
 
 from kernel_factory.evo import registry
-from kernel_factory.evo.evaluate import render
-from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
+from kernel_factory.evo.evaluate import render, sass
+from kernel_factory.evo.evaluate.compile import CompileJob, Compiler, compile_one
 from kernel_factory.evo.protocols import Problem
 from kernel_factory.evo.types import Candidate, Case, Genome
 
@@ -80,3 +78,26 @@ def test_template_compiles_for_the_whole_space(softmax, tmp_path):
         assert out.error is None, f"{labels[out.key]} failed to compile:\n{out.error}"
         assert out.cubin, labels[out.key]
         assert out.info.registers and out.info.registers > 0, f"{labels[out.key]}: no register count in\n{out.info.log}"
+
+
+def opcodes(problem: Problem, **genes) -> Counter:
+    cand = Candidate(Genome.of({**problem.space.defaults(), **genes}))
+    out = compile_one(CompileJob("k", render.render(problem, cand, "bfloat16"), "k.cu"))
+    assert out.error is None, out.error
+    return sass.opcodes(sass.disassemble(out.cubin))
+
+
+def test_genes_reach_the_binary(softmax):
+    """Each gene changes the SASS the way its doc says, so that a measurement of a gene measures that gene."""
+    nc16 = opcodes(softmax, vec_bytes=16, load="nc")
+    plain16 = opcodes(softmax, vec_bytes=16, load="plain")
+    nc8 = opcodes(softmax, vec_bytes=8, load="nc")
+    assert nc16["LDG.E.128.CONSTANT"] and nc16["STG.E.128"] and not nc16["STG.E.64"]
+    assert plain16["LDG.E.128"] and not plain16["LDG.E.128.CONSTANT"] and not nc16["LDG.E.128"]
+    assert nc8["LDG.E.64.CONSTANT"] and nc8["STG.E.64"] and not nc8["STG.E.128"]
+    # expf's range reduction (FFMA.SAT) appears only with the precise choice; both end in MUFU.EX2
+    approx, precise = opcodes(softmax, exp="approx"), opcodes(softmax, exp="precise")
+    assert approx["MUFU.EX2"] and not approx["FFMA.SAT"] and precise["FFMA.SAT"]
+    # warp per row (256 threads, 8 rows) reduces with shuffles alone: no CTA barrier
+    warp_per_row = opcodes(softmax, threads=256, rows_per_cta=8)
+    assert nc16["BAR.SYNC.DEFER_BLOCKING"] and not warp_per_row["BAR.SYNC.DEFER_BLOCKING"]

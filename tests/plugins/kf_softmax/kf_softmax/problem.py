@@ -1,9 +1,7 @@
-"""Row softmax forward, a problem that lives outside the factory: y = softmax(x, dim=-1) with fp32 math.
-
-Declares the reference, the input generator, small shape sets (cheap to record the whole gene space on one GPU),
-tolerances, the torch baseline and the kernel template with its gene space. It imports only the factory's
-public contracts (kernel_factory.evo.types and .protocols), as any third-party plugin should.
-"""
+"""Row softmax forward (y = softmax(x, dim=-1), fp32 math): the problem the kf-softmax-plugin package registers."""
+# Reference, inputs, small shape sets (cheap to record the whole gene space on one GPU), tolerances, the torch
+# baseline and the kernel template with its gene space. Imports only the factory's public contracts
+# (kernel_factory.evo.types and .protocols), as any third-party plugin should.
 from __future__ import annotations
 
 from pathlib import Path
