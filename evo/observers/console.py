@@ -26,7 +26,8 @@ class ConsoleObserver:
         self.total_evals = search["max_evaluations"] or search["population"] * (search["generations"] + 1)
         self._print(f"kernel-factory run {run.run_id}: problem {run.problem}, {len(run.cases)} benchmark cases, "
                     f"seed {run.seed}")
-        self._print(f"evaluator: {run.evaluator.kind} - {run.evaluator.label}")
+        why = run.evaluator.fingerprint.get("why_replay")
+        self._print(f"evaluator: {run.evaluator.kind} - {run.evaluator.label}" + (f" (no live GPU: {why})" if why else ""))
         if run.evaluator.kind == "replay":
             self._print("note: no kernel runs in this session; every time shown was measured earlier on the GPU "
                         "named above and is replayed from the recording")
