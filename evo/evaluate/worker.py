@@ -94,7 +94,10 @@ class Bench:
         return None
 
     def verify_sample(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> str | None:
-        """Re-check a random sample of rows of a benchmark output produced by the timed launches."""
+        """Re-check a random sample of rows of a benchmark output produced by the timed launches.
+
+        Assumes a row-wise problem (each output row depends only on the same input row, and tensors whose first
+        dimension is M are split by rows), which holds for the shipped problems."""
         torch, p = self.torch, self.problem
         m = case.shape[0]
         rows = sorted(set(random.Random(case.key).sample(range(m), min(m, BENCH_SAMPLE_ROWS)) + [0, m - 1]))
