@@ -60,6 +60,7 @@ def evolve(space: GeneSpace, operators: Sequence[WeightedOperator], evaluator: E
            seeds: Sequence[Genome] = ()) -> RunSummary:
     budget = Budget(search.generations, search.max_evaluations, search.wall_clock_s, time.monotonic())
     hof = tools.HallOfFame(search.hall_of_fame, similar=lambda a, b: a.candidate.id == b.candidate.id)
+    logbook = tools.Logbook()
     seen: dict[str, Individual] = {}
 
     def evaluate(batch: list[Candidate], generation: int) -> list[Individual]:
@@ -77,6 +78,8 @@ def evolve(space: GeneSpace, operators: Sequence[WeightedOperator], evaluator: E
         stats = GenerationStats(generation, len(seen), best.fitness.values[0] if best else 0.0,
                                 statistics.median(fits) if fits else 0.0, best.candidate.id if best else "",
                                 dict(counts), time.monotonic() - budget.started)
+        logbook.record(gen=generation, evals=len(seen), new=len(new), best=stats.best_fitness,
+                       median=stats.median_fitness, **stats.counts)
         for obs in observers:
             obs.on_generation(stats)
         return new
@@ -101,4 +104,4 @@ def evolve(space: GeneSpace, operators: Sequence[WeightedOperator], evaluator: E
     best = (hof[0].candidate, hof[0].result) if len(hof) and hof[0].result.fitness > 0 else None
     return RunSummary(run_id, generation, len(seen), stop, time.monotonic() - budget.started,
                       sum(i.result.gpu_s for i in seen.values()), best,
-                      tuple((i.candidate, i.result) for i in hof))
+                      tuple((i.candidate, i.result) for i in hof), tuple(logbook))

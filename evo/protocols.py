@@ -135,6 +135,7 @@ class RunSummary:
     gpu_s: float
     best: tuple[Candidate, EvalResult] | None
     hall_of_fame: tuple[tuple[Candidate, EvalResult], ...]
+    logbook: tuple[Mapping[str, Any], ...] = ()   # one row per generation (DEAP Logbook)
 
 
 @runtime_checkable

@@ -29,6 +29,8 @@ def test_replay_run_improves_and_records_everything(replay_config):
     assert len(ids) == len(set(ids)), "a genome must never be evaluated twice"
     assert records[0]["event"] == "start" and records[0]["evaluator"]["kind"] == "replay"
     assert records[-1]["event"] == "end" and records[-1]["best"] == summary.best[0].id
+    logbook = records[-1]["logbook"]
+    assert [row["gen"] for row in logbook] == list(range(5)) and logbook[-1]["evals"] == summary.evaluations
     gens = [r for r in records if r["event"] == "generation"]
     best = [g["best_fitness"] for g in gens]
     assert best == sorted(best), "elitism: the best fitness never drops"

@@ -44,7 +44,8 @@ class JournalObserver:
         best = summary.best[0].id if summary.best else None
         self._write({"event": "end", "generations": summary.generations, "evaluations": summary.evaluations,
                      "stop_reason": summary.stop_reason, "wall_s": summary.wall_s, "gpu_s": summary.gpu_s,
-                     "best": best, "hall_of_fame": [c.id for c, _ in summary.hall_of_fame]})
+                     "best": best, "hall_of_fame": [c.id for c, _ in summary.hall_of_fame],
+                     "logbook": [dict(row) for row in summary.logbook]})
 
 
 def read(path: str | Path) -> list[dict[str, Any]]:
