@@ -24,6 +24,20 @@ class OperatorConfig:
 
 
 @dataclass(frozen=True)
+class SurrogateConfig:
+    enabled: bool = False          # off unless the search-efficiency benchmark shows it wins (README)
+    oversample: float = 3.0        # children proposed per child sent to the evaluator
+    explore: float = 0.25          # share of each batch drawn at random from the proposals, not by rank
+    min_history: int = 24          # successful evaluations needed before the model is trusted
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    enabled: bool = True           # seed the first population from earlier runs of the same problem and GPU
+    count: int = 8                 # at most this many distinct genomes
+
+
+@dataclass(frozen=True)
 class SearchConfig:
     population: int = 24
     generations: int = 8
@@ -33,6 +47,10 @@ class SearchConfig:
     elitism: int = 2                      # best candidates always kept in the next population
     hall_of_fame: int = 5
     init_random: float = 1.0              # share of the first population drawn at random (rest: template defaults)
+    policy: str = "bandit"                # operator choice: "static" (config weights) or "bandit" (UCB1 on credit)
+    lessons: bool = True                  # forbid or down-weight gene values that history shows fail or never help
+    surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     operators: Mapping[str, OperatorConfig] = field(default_factory=lambda: {
         "gene_mutation": OperatorConfig(0.5),
         "uniform_crossover": OperatorConfig(0.3),
@@ -205,6 +223,13 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(f"config key 'search.max_evaluations' must be >= 1, got {s.max_evaluations}")
     if sum(op.weight for op in s.operators.values()) <= 0:
         raise ConfigError("config key 'search.operators': at least one operator needs a weight > 0")
+    if s.policy not in ("static", "bandit"):
+        raise ConfigError(f"config key 'search.policy' must be one of static, bandit; got {s.policy!r}")
+    if s.surrogate.oversample < 1.0 or not 0.0 <= s.surrogate.explore <= 1.0:
+        raise ConfigError("config keys 'search.surrogate.oversample' must be >= 1 and 'search.surrogate.explore' "
+                          f"in [0, 1]; got {s.surrogate.oversample}, {s.surrogate.explore}")
+    if s.warm_start.count < 0:
+        raise ConfigError(f"config key 'search.warm_start.count' must be >= 0, got {s.warm_start.count}")
     if cfg.evaluator.kind not in ("auto", "gpu", "replay"):
         raise ConfigError(f"config key 'evaluator.kind' must be one of auto, gpu, replay; got {cfg.evaluator.kind!r}")
 
