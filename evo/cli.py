@@ -23,6 +23,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("config")
     run.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config key, e.g. -o search.population=8 (repeatable)")
+    run.add_argument("--run-id", help="name the run (default: <problem>-<UTC time>-<random>)")
+    res = sub.add_parser("resume", help="continue a killed run from its journal")
+    res.add_argument("run_id")
+    res.add_argument("--runs", default="runs", help="the runs folder (the config's out_dir)")
     rec = sub.add_parser("record", help="measure a problem's whole gene space on this GPU, for replay")
     rec.add_argument("config")
     rec.add_argument("--out", help="output .jsonl.gz (default: runs/recordings/<problem>-<dtype>.jsonl.gz)")
@@ -30,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--sample-seed", type=int, default=0)
     rec.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE")
     sub.add_parser("problems", help="list the installed problem plugins")
+    lin = sub.add_parser("lineage", help="how a run's best (or a given) candidate came about, step by step")
+    lin.add_argument("run_id")
+    lin.add_argument("candidate", nargs="?", help="a candidate id or a unique prefix (default: the run's best)")
+    lin.add_argument("--out", help="also draw the run's lineage here (png, svg, html, json)")
+    lin.add_argument("--runs", default="runs", help="the runs folder (the config's out_dir)")
     ui = sub.add_parser("ui", help="serve the MLflow UI over the run store on 127.0.0.1")
     ui.add_argument("--store", default="runs/mlflow.db")
     ui.add_argument("--artifacts", default="runs/artifacts")
@@ -52,7 +61,13 @@ def cmd_problems() -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from kernel_factory.evo.run import execute
     cfg = config_mod.load(args.config, tuple(args.override))
-    summary = execute(cfg)
+    summary = execute(cfg, args.run_id)
+    return 0 if summary.best is not None else 1
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from kernel_factory.evo.run import resume
+    summary = resume(args.run_id, args.runs)
     return 0 if summary.best is not None else 1
 
 
@@ -63,6 +78,26 @@ def cmd_record(args: argparse.Namespace) -> int:
     out = Path(args.out or f"{cfg.out_dir}/recordings/{cfg.problem}-{dtypes}.jsonl.gz")
     path = record(cfg, out, args.sample, args.sample_seed)
     print(f"recorded -> {path}")
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    from kernel_factory.evo import lineage
+    path = Path(args.runs) / args.run_id / "journal.jsonl"
+    if not path.is_file():
+        runs = sorted(p.parent.name for p in Path(args.runs).glob("*/journal.jsonl"))
+        raise ConfigError(f"no run {args.run_id!r} under {args.runs}/ (each run is a folder there: "
+                          f"{', '.join(runs) or 'none yet'})")
+    graph = lineage.from_journal(path)
+    wanted = args.candidate or lineage.best(graph) or ""
+    found = [wanted] if wanted in graph else [node for node in graph if wanted and node.startswith(wanted)]
+    if len(found) != 1:
+        raise ConfigError(f"candidate {wanted!r} is {'ambiguous' if found else 'not'} in run {args.run_id!r}; "
+                          f"its candidates are in {path}")
+    print(lineage.format_chain(lineage.chain(graph, found[0])))
+    if args.out:
+        paths = lineage.render(graph, args.out)
+        print(f"lineage drawn -> {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 0
 
 
@@ -87,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "record":
             return cmd_record(args)
+        if args.command == "resume":
+            return cmd_resume(args)
+        if args.command == "lineage":
+            return cmd_lineage(args)
         return cmd_ui(args)
     except (ConfigError, registry.PluginError, ToolchainError, WorkerError) as exc:
         print(f"kernel-factory: error: {exc}", file=sys.stderr)

@@ -3,6 +3,7 @@ with a message that names the key and what would be valid. Overrides (`-o search
 same checks."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -86,7 +87,11 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
+        """Plain data that parse() accepts again (resume re-reads a run's resolved config from its journal)."""
+        data = _plain(dataclasses.asdict(self))
+        data["search"]["operators"] = {name: {"weight": op.weight, **op.options}
+                                       for name, op in self.search.operators.items()}
+        return data
 
 
 def _plain(obj: Any) -> Any:
@@ -235,7 +240,7 @@ def _check_ranges(cfg: RunConfig) -> None:
 
 
 def parse(data: Mapping[str, Any], overrides: tuple[str, ...] = ()) -> RunConfig:
-    data = yaml.safe_load(yaml.safe_dump(dict(data)))  # a deep, plain copy that overrides may edit
+    data = copy.deepcopy(dict(data))   # overrides edit the copy; key order is kept (operator order matters)
     for text in overrides:
         _apply_override(data, text)
     cfg = _build(RunConfig, data, "")

@@ -1,13 +1,13 @@
 """The evolutionary loop: a short composition of named tools (DEAP selection, hall of fame and logbook; our
-operators, evaluator and observers).
+proposer, evaluator and observers).
 
-    population <- evaluate(template defaults + random feasible genomes)
+    population <- evaluate(warm-start seeds + template defaults + random feasible genomes)
     repeat until a budget is spent (generations, evaluations, wall clock):
         parents  <- tournament(population)
-        children <- new, feasible offspring of parents, each made by one weighted operator
-        evaluate(children)                        # failures come back as statuses with fitness 0
-        population <- elite + tournament(population + children)
-        hall of fame, logbook, observers <- this generation
+        children <- proposer(parents): new, feasible offspring; operators picked by credit, lessons applied,
+                    surrogate screening                         (failures come back as statuses with fitness 0)
+        population <- elite + tournament(population + evaluate(children))
+        history, proposer, hall of fame, logbook, observers <- this generation
 """
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from typing import Sequence
 from deap import base, tools
 
 from kernel_factory.evo.config import SearchConfig
+from kernel_factory.evo.history import History, Record
 from kernel_factory.evo.protocols import Evaluator, GenerationStats, Observer, RunSummary
 from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, Genome
-from kernel_factory.evo.variation import WeightedOperator, breed, initial_population, seeded_global_random
+from kernel_factory.evo.variation import Proposer, initial_population, seeded_global_random
 
 
 class FitnessMax(base.Fitness):
@@ -55,53 +56,73 @@ class Budget:
         return None
 
 
-def evolve(space: GeneSpace, operators: Sequence[WeightedOperator], evaluator: Evaluator,
-           observers: Sequence[Observer], search: SearchConfig, rng: random.Random, run_id: str,
-           seeds: Sequence[Genome] = ()) -> RunSummary:
-    budget = Budget(search.generations, search.max_evaluations, search.wall_clock_s, time.monotonic())
-    hof = tools.HallOfFame(search.hall_of_fame, similar=lambda a, b: a.candidate.id == b.candidate.id)
-    logbook = tools.Logbook()
-    seen: dict[str, Individual] = {}
+class RunState:
+    """What the run has seen so far, and the bookkeeping after each evaluation and each generation."""
 
-    def evaluate(batch: list[Candidate], generation: int) -> list[Individual]:
-        if search.max_evaluations is not None:
-            batch = batch[:max(0, search.max_evaluations - len(seen))]
-        results = evaluator.evaluate(batch) if batch else []
-        new = [Individual(c, r) for c, r in zip(batch, results)]
-        seen.update((ind.candidate.id, ind) for ind in new)
-        hof.update(new)
-        for obs in observers:
-            obs.on_results(generation, [(i.candidate, i.result) for i in new])
-        counts = Counter(i.result.status.value for i in new)
-        fits = [i.result.fitness for i in seen.values()]
-        best = hof[0] if len(hof) else None
-        stats = GenerationStats(generation, len(seen), best.fitness.values[0] if best else 0.0,
+    def __init__(self, evaluator: Evaluator, observers: Sequence[Observer], proposer: Proposer,
+                 history: History, search: SearchConfig, run_id: str):
+        self.evaluator, self.observers, self.proposer, self.history = evaluator, observers, proposer, history
+        self.search, self.run_id = search, run_id
+        self.budget = Budget(search.generations, search.max_evaluations, search.wall_clock_s, time.monotonic())
+        self.hof = tools.HallOfFame(search.hall_of_fame, similar=lambda a, b: a.candidate.id == b.candidate.id)
+        self.logbook = tools.Logbook()
+        self.seen: dict[str, Individual] = {}
+        self.new: list[Individual] = []
+
+    def evaluate(self, batch: list[Candidate], generation: int) -> list[Individual]:
+        if self.search.max_evaluations is not None:
+            batch = batch[:max(0, self.search.max_evaluations - len(self.seen))]
+        results = self.evaluator.evaluate(batch) if batch else []
+        self.new = [Individual(c, r) for c, r in zip(batch, results)]
+        self.seen.update((ind.candidate.id, ind) for ind in self.new)
+        self.hof.update(self.new)
+        self.history.add(Record.of(i.candidate, i.result, self.run_id) for i in self.new)
+        for obs in self.observers:
+            obs.on_results(generation, [(i.candidate, i.result) for i in self.new])
+        return self.new
+
+    def close_generation(self, generation: int, population: list[Individual]) -> None:
+        self.proposer.update(self.history)
+        fits = [i.result.fitness for i in self.seen.values()]
+        best = self.hof[0] if len(self.hof) else None
+        stats = GenerationStats(generation, len(self.seen), best.fitness.values[0] if best else 0.0,
                                 statistics.median(fits) if fits else 0.0, best.candidate.id if best else "",
-                                dict(counts), time.monotonic() - budget.started)
-        logbook.record(gen=generation, evals=len(seen), new=len(new), best=stats.best_fitness,
-                       median=stats.median_fitness, **stats.counts)
-        for obs in observers:
+                                dict(Counter(i.result.status.value for i in self.new)),
+                                time.monotonic() - self.budget.started, dict(self.proposer.probabilities),
+                                len(self.proposer.lessons), tuple(i.candidate.id for i in population))
+        self.logbook.record(gen=generation, evals=len(self.seen), new=len(self.new), best=stats.best_fitness,
+                            median=stats.median_fitness, **stats.counts)
+        for obs in self.observers:
             obs.on_generation(stats)
-        return new
 
-    population = evaluate(initial_population(space, search.population, search.init_random, rng, seeds), 0)
-    generation, stop = 0, budget.spent(0, len(seen))
+    def summary(self, generation: int, stop: str) -> RunSummary:
+        hof = [(i.candidate, i.result) for i in self.hof]
+        best = hof[0] if hof and hof[0][1].fitness > 0 else None
+        return RunSummary(self.run_id, generation, len(self.seen), stop, time.monotonic() - self.budget.started,
+                          sum(i.result.gpu_s for i in self.seen.values()), best, tuple(hof), tuple(self.logbook))
+
+
+def evolve(space: GeneSpace, proposer: Proposer, evaluator: Evaluator, observers: Sequence[Observer],
+           search: SearchConfig, rng: random.Random, run_id: str, history: History | None = None,
+           seeds: Sequence[Genome] = ()) -> RunSummary:
+    state = RunState(evaluator, observers, proposer, history or History(), search, run_id)
+    population = state.evaluate(initial_population(space, search.population, search.init_random, rng, seeds), 0)
+    state.close_generation(0, population)
+    generation, stop = 0, state.budget.spent(0, len(state.seen))
     while stop is None:
         generation += 1
         with seeded_global_random(rng):
             parents = tools.selTournament(population, search.population, search.tournament_size)
-        children = breed([p.candidate for p in parents], search.population, operators, space, rng, set(seen),
-                         generation)
+        children = proposer.propose([p.candidate for p in parents], search.population, set(state.seen),
+                                    generation, rng)
         if not children:
             stop = "space_exhausted"
             break
-        pool = population + evaluate(children, generation)
+        pool = population + state.evaluate(children, generation)
         elite = tools.selBest(pool, search.elitism)
         rest = [ind for ind in pool if ind not in elite]
         with seeded_global_random(rng):
             population = elite + tools.selTournament(rest, search.population - len(elite), search.tournament_size)
-        stop = budget.spent(generation, len(seen))
-    best = (hof[0].candidate, hof[0].result) if len(hof) and hof[0].result.fitness > 0 else None
-    return RunSummary(run_id, generation, len(seen), stop, time.monotonic() - budget.started,
-                      sum(i.result.gpu_s for i in seen.values()), best,
-                      tuple((i.candidate, i.result) for i in hof), tuple(logbook))
+        state.close_generation(generation, population)
+        stop = state.budget.spent(generation, len(state.seen))
+    return state.summary(generation, stop)

@@ -112,6 +112,10 @@ class RunInfo:
     evaluator: EvaluatorInfo
     cases: tuple[Case, ...]
     out_dir: str
+    cases_key: str = ""             # names (problem, cases, baseline): fitness is comparable across runs with one key
+    warm_start: tuple[str, ...] = ()   # genome ids seeded from earlier runs
+    prior_records: int = 0          # candidates of earlier runs that credit, lessons and the surrogate learn from
+    resumed: bool = False           # True when `kernel-factory resume` continues a killed run
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,9 @@ class GenerationStats:
     best_id: str
     counts: Mapping[str, int]       # status -> count among this generation's new evaluations
     wall_s: float
+    operator_probs: Mapping[str, float] = field(default_factory=dict)   # used to breed the next generation
+    lessons: int = 0                # lessons in force for the next generation
+    population: tuple[str, ...] = ()   # candidate ids that survived selection
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,7 @@ class RunSummary:
     best: tuple[Candidate, EvalResult] | None
     hall_of_fame: tuple[tuple[Candidate, EvalResult], ...]
     logbook: tuple[Mapping[str, Any], ...] = ()   # one row per generation (DEAP Logbook)
+    lessons: str = ""               # the lessons document (markdown), with operator credit
 
 
 @runtime_checkable

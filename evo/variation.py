@@ -1,5 +1,7 @@
-"""Making candidates: the first population, and children bred from parents by weighted operators. Children are
-feasible and new: a duplicate of anything already evaluated never reaches the evaluator."""
+"""Making candidates: the first population, and each generation's children. Operators are picked by a policy
+(static config weights, or a bandit on credit from history), proposals that lessons forbid are dropped, and the
+surrogate screens the rest. Children are feasible and new: a duplicate of anything already evaluated never reaches
+the evaluator."""
 from __future__ import annotations
 
 import contextlib
@@ -7,10 +9,14 @@ import random
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from kernel_factory.evo import credit, lessons
+from kernel_factory.evo.config import SearchConfig
+from kernel_factory.evo.history import History
 from kernel_factory.evo.protocols import Operator
+from kernel_factory.evo.surrogate import Surrogate, screen
 from kernel_factory.evo.types import Candidate, GeneSpace, Genome
 
-MAX_TRIES = 30   # attempts to breed one feasible, unseen child before giving up on that slot
+MAX_TRIES = 100  # attempts to breed one feasible, unseen, accepted child before giving up on that slot
 
 
 @dataclass(frozen=True)
@@ -46,26 +52,65 @@ def initial_population(space: GeneSpace, size: int, init_random: float, rng: ran
     return list(out.values())[:size]
 
 
-def pick_operator(operators: Sequence[WeightedOperator], rng: random.Random) -> Operator:
-    return rng.choices([w.operator for w in operators], weights=[w.weight for w in operators])[0]
-
-
-def breed(parents: Sequence[Candidate], n_children: int, operators: Sequence[WeightedOperator],
-          space: GeneSpace, rng: random.Random, seen: set[str], generation: int) -> list[Candidate]:
+def breed(parents: Sequence[Candidate], n_children: int, operators: Sequence[Operator],
+          probabilities: Sequence[float], space: GeneSpace, rng: random.Random, seen: set[str], generation: int,
+          accept=lambda genes, rng: True) -> list[Candidate]:
     """Up to n_children new candidates; each from one operator applied to randomly drawn parents."""
     children: list[Candidate] = []
     taken = set(seen)
     for _ in range(n_children):
         for _ in range(MAX_TRIES):
-            op = pick_operator(operators, rng)
+            op = rng.choices(operators, weights=probabilities)[0]
             chosen = [parents[rng.randrange(len(parents))] for _ in range(op.arity)]
             child = op.vary([c.genome for c in chosen], space, rng)
             if child.id in taken or space.why_infeasible(child.gene_dict) is not None:
+                continue
+            if not accept(child.gene_dict, rng):
                 continue
             taken.add(child.id)
             children.append(Candidate(child, tuple(dict.fromkeys(c.id for c in chosen)), op.name, generation))
             break
     return children
+
+
+class Proposer:
+    """Each generation's children, steered by history: operator probabilities (static or bandit), lessons, and
+    surrogate screening. update() relearns all three from the history; propose() uses them."""
+
+    def __init__(self, space: GeneSpace, operators: Sequence[WeightedOperator], search: SearchConfig):
+        self.space, self.search = space, search
+        self.operators = [w.operator for w in operators]
+        total = sum(w.weight for w in operators)
+        self.static = {w.operator.name: w.weight / total for w in operators}
+        self.bandit = credit.Bandit([op.name for op in self.operators])
+        self.probabilities = dict(self.static)
+        self.lessons: list[lessons.Lesson] = []
+        self.surrogate = Surrogate(space)
+        self.surrogate_ready = False
+
+    def update(self, history: History) -> None:
+        if self.search.policy == "bandit":
+            self.probabilities = self.bandit.probabilities(history.outcomes("current"), history.outcomes("prior"))
+        if self.search.lessons:
+            self.lessons = lessons.learn(history.records(), history.outcomes())
+        if self.search.surrogate.enabled:
+            self.surrogate_ready = self.surrogate.fit(history.records(), self.search.surrogate.min_history)
+
+    def accept(self, genes: dict, rng: random.Random) -> bool:
+        if not self.lessons:
+            return True
+        p, _ = lessons.acceptance(self.lessons, genes)
+        return p >= 1.0 or rng.random() < p
+
+    def propose(self, parents: Sequence[Candidate], n: int, seen: set[str], generation: int,
+                rng: random.Random) -> list[Candidate]:
+        s = self.search.surrogate
+        wanted = int(n * s.oversample) if s.enabled and self.surrogate_ready else n
+        probs = [self.probabilities[op.name] for op in self.operators]
+        children = breed(parents, wanted, self.operators, probs, self.space, rng, seen, generation, self.accept)
+        if wanted > n:
+            children = screen(children, n, self.surrogate, s.explore, rng)
+        return children
 
 
 @contextlib.contextmanager

@@ -75,3 +75,8 @@ def test_every_shipped_config_is_valid():
     assert configs, "no configs found"
     for path in configs:
         build.prepare(config.load(path))
+
+
+def test_resolved_config_round_trips():
+    cfg = config.parse({"problem": "rmsnorm_fwd", "search": {"operators": {"gene_mutation": {"weight": 2, "per_gene_p": 0.4}}}})
+    assert config.parse(cfg.to_json()) == cfg

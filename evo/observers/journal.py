@@ -15,6 +15,8 @@ from kernel_factory.evo.types import Candidate, EvalResult
 class JournalObserver:
     def __init__(self, problem: Any = None, config: Any = None):
         self.path: Path | None = None
+        self.logged: set[str] = set()        # on resume: candidates the journal already holds
+        self.last_generation = -1            # on resume: the last generation it closed
 
     def _write(self, record: Mapping[str, Any]) -> None:
         assert self.path is not None, "on_start must come first"
@@ -27,18 +29,38 @@ class JournalObserver:
         folder = Path(run.out_dir) / run.run_id
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "journal.jsonl"
+        if run.resumed:
+            old = read(self.path)
+            self.logged = {r["candidate"]["id"] for r in old if r["event"] == "result"}
+            self.last_generation = max((r["generation"] for r in old if r["event"] == "generation"), default=-1)
+            self._rewrite(old)
+            self._write({"event": "resume", "known_results": len(self.logged)})
+            return
         self._write({"event": "start", "run_id": run.run_id, "problem": run.problem, "seed": run.seed,
+                     "cases_key": run.cases_key, "warm_start": list(run.warm_start),
+                     "prior_records": run.prior_records,
                      "config": run.config, "evaluator": {"kind": run.evaluator.kind, "label": run.evaluator.label,
                                                          "fingerprint": dict(run.evaluator.fingerprint)},
                      "cases": [c.key for c in run.cases]})
 
+    def _rewrite(self, records: list[dict[str, Any]]) -> None:
+        """Drop a torn last line (a kill mid-write) before appending again."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        os.replace(tmp, self.path)
+
     def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
         for cand, res in results:
+            if cand.id in self.logged:
+                continue
             self._write({"event": "result", "generation": generation, "candidate": cand.to_json(),
                          "result": res.to_json()})
 
     def on_generation(self, stats: GenerationStats) -> None:
-        self._write({"event": "generation", **stats.__dict__, "counts": dict(stats.counts)})
+        if stats.generation <= self.last_generation:
+            return
+        self._write({"event": "generation", **stats.__dict__, "counts": dict(stats.counts),
+                     "operator_probs": dict(stats.operator_probs), "population": list(stats.population)})
 
     def on_end(self, summary: RunSummary) -> None:
         best = summary.best[0].id if summary.best else None
@@ -46,6 +68,8 @@ class JournalObserver:
                      "stop_reason": summary.stop_reason, "wall_s": summary.wall_s, "gpu_s": summary.gpu_s,
                      "best": best, "hall_of_fame": [c.id for c, _ in summary.hall_of_fame],
                      "logbook": [dict(row) for row in summary.logbook]})
+        if summary.lessons:
+            (self.path.parent / "lessons.md").write_text(summary.lessons)
 
 
 def read(path: str | Path) -> list[dict[str, Any]]:

@@ -9,11 +9,13 @@ import os
 import queue
 import re
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from kernel_factory.evo import lineage
 from kernel_factory.evo.config import RunConfig
 from kernel_factory.evo.evaluate import render
 from kernel_factory.evo.protocols import GenerationStats, Problem, RunInfo, RunSummary
@@ -42,6 +44,9 @@ MAX_ENTITIES_PER_BATCH = 1000
 # The server's background job runner costs ~1 GB of memory and nothing here uses it (api-notes 3c).
 UI_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
+# Generations between lineage drawings on the parent run (lineage/), and one more at the end.
+LINEAGE_EVERY = 3
+
 # Metric, param and tag names may hold alphanumerics, _ - . / and space everywhere. MLflow also takes ":" except on
 # Windows, but an unquoted ":" breaks a search filter (`metrics.time_us.bfloat16:32768x256 < 6` is rejected), so a
 # case key "bfloat16:32768x256" becomes "bfloat16_32768x256": valid everywhere and queryable without backticks.
@@ -57,8 +62,23 @@ def open_store(store: str | os.PathLike[str]) -> tuple[MlflowClient, str]:
     """A client on the SQLite store at `store` (relative paths from the CWD) and its tracking URI."""
     path = Path(store).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        _create_store(path)
     uri = f"sqlite:///{path}"   # the path is absolute, so the URI has four slashes
     return MlflowClient(tracking_uri=uri), uri
+
+
+def _create_store(path: Path) -> None:
+    """Build a new store's schema in a temporary file and move it into place: MLflow's migrations are not atomic,
+    and a run killed during them (seen with kill -9) leaves a store that no later run can open."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.init")
+    MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
+    try:
+        os.link(tmp, path)     # fails if another process created the store meanwhile; theirs is complete too
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
 
 
 def ui_command(store: str | os.PathLike[str], artifacts: str | os.PathLike[str], host: str = "127.0.0.1",
@@ -186,6 +206,9 @@ class MlflowObserver:
         self.client: MlflowClient | None = None
         self.experiment_id = ""
         self.parent_id = ""
+        self.seen: list[tuple[Candidate, EvalResult]] = []   # every result so far, for the lineage
+        self.logged: set[str] = set()     # on resume: candidates whose child runs are complete already
+        self.last_generation = -1         # on resume: the last generation whose metrics are logged
 
     def on_start(self, run: RunInfo) -> None:
         self.run = run
@@ -193,16 +216,22 @@ class MlflowObserver:
         self.writer.submit(self._start)
 
     def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
+        self.seen.extend(results)
         for candidate, result in results:
             self.writer.submit(functools.partial(self._log_candidate, generation, candidate, result))
 
     def on_generation(self, stats: GenerationStats) -> None:
         self.writer.submit(functools.partial(self._log_generation, stats))
         self.writer.drain()
+        if stats.generation and stats.generation % LINEAGE_EVERY == 0:
+            # Queued after the drain, so the drawing overlaps the next generation's evaluation.
+            self.writer.submit(functools.partial(self._log_lineage, tuple(self.seen), stats.best_id))
 
     def on_end(self, summary: RunSummary) -> None:
         if self.writer is None:
             return
+        best_id = summary.best[0].id if summary.best else None
+        self.writer.submit(functools.partial(self._log_lineage, tuple(self.seen), best_id))
         self.writer.submit(functools.partial(self._finish, summary))
         self.writer.close()
         if self.writer.first_error is not None:
@@ -225,8 +254,13 @@ class MlflowObserver:
         run = self.run
         self.client, _ = open_store(self.store)
         self.experiment_id = experiment_id(self.client, self.experiment, self.artifacts)
+        if self._reattach():   # resume, or a re-run of a run id that died before its journal started
+            return
         tags = {"kf.run_id": run.run_id, "kf.problem": run.problem, "kf.kind": "evolution",
-                "kf.evaluator": run.evaluator.kind, "kf.evaluator_label": run.evaluator.label}
+                "kf.evaluator": run.evaluator.kind, "kf.evaluator_label": run.evaluator.label,
+                "kf.cases_key": run.cases_key, "kf.prior_records": str(run.prior_records),
+                "kf.warm_start": f"{len(run.warm_start)} genomes from earlier runs" if run.warm_start else "none",
+                "kf.warm_start_ids": ",".join(run.warm_start)}
         tags.update({f"kf.env.{key}": value for key, value in run.evaluator.fingerprint.items()})
         if run.evaluator.kind == "replay":
             tags["kf.data"] = "recorded measurements replayed, no kernel ran in this run"
@@ -236,7 +270,28 @@ class MlflowObserver:
         self._log_batch(self.parent_id, params=_params(params))
         self.client.log_text(self.parent_id, json.dumps(run.config, indent=2, default=str), "config.json")
 
+    def _reattach(self) -> bool:
+        """Continue this run id's parent run if the store has one (resume): keep its finished children and drop
+        half-written ones (a kill can land between create_run and set_terminated); the journal re-sends those."""
+        from kernel_factory.evo.observers.mlflow_store import search_all
+        found = search_all(self.client, self.experiment_id, f"tags.`kf.run_id` = '{self.run.run_id}' "
+                                                            "and tags.`kf.kind` = 'evolution'")
+        if not found:
+            return False
+        self.parent_id = found[0].info.run_id
+        self.client.update_run(self.parent_id, status="RUNNING")
+        for child in search_all(self.client, self.experiment_id, f"tags.mlflow.parentRunId = '{self.parent_id}'"):
+            if child.info.status == "FINISHED":
+                self.logged.add(child.data.tags.get("kf.candidate_id", ""))
+            else:
+                self.client.delete_run(child.info.run_id)
+        history = self.client.get_metric_history(self.parent_id, "best_fitness")
+        self.last_generation = max((m.step for m in history), default=-1)
+        return True
+
     def _log_candidate(self, generation: int, candidate: Candidate, result: EvalResult) -> None:
+        if candidate.id in self.logged:
+            return
         tags = {"mlflow.parentRunId": self.parent_id, "kf.run_id": self.run.run_id, "kf.kind": "candidate",
                 "kf.candidate_id": candidate.id, "kf.parent_ids": ",".join(candidate.parents),
                 "kf.operator": candidate.operator, "kf.generation": str(generation),
@@ -264,12 +319,23 @@ class MlflowObserver:
             yield "message.txt", result.message
 
     def _log_generation(self, stats: GenerationStats) -> None:
+        if stats.generation <= self.last_generation:
+            return
         # Every status gets a point each generation (0 when absent), so the count curves have no gaps.
         counts = {status.value: 0 for status in Status} | dict(stats.counts)
         values = {"best_fitness": stats.best_fitness, "median_fitness": stats.median_fitness,
                   "evaluations": stats.evaluations, "wall_s": stats.wall_s}
         values.update({f"count_{status}": n for status, n in counts.items()})
+        values.update({f"op_prob.{name}": p for name, p in stats.operator_probs.items()})
+        values["lessons"] = stats.lessons
         self._log_batch(self.parent_id, _metrics(values, stats.generation))
+
+    def _log_lineage(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> None:
+        if not results:
+            return
+        with tempfile.TemporaryDirectory(prefix="kf-lineage-") as tmp:
+            lineage.render(lineage.build(results, self.run.run_id, best_id), tmp)
+            self.client.log_artifacts(self.parent_id, tmp, "lineage")
 
     def _finish(self, summary: RunSummary) -> None:
         best = summary.best
@@ -279,6 +345,8 @@ class MlflowObserver:
         self._log_batch(self.parent_id, _metrics(values, summary.generations),
                         tags=[RunTag(k, v) for k, v in _tags(tags).items()])
         self.client.log_text(self.parent_id, json.dumps(summary_record(summary), indent=2), "summary.json")
+        if summary.lessons:
+            self.client.log_text(self.parent_id, summary.lessons, "lessons.md")
         self.client.set_terminated(self.parent_id, status="FINISHED")
 
 

@@ -1,0 +1,419 @@
+"""The search-efficiency benchmark: evaluations until a genome within 1% of the optimum, for random search, our
+loop and Kernel Tuner's GA, on the recorded H200 space (`python -m kernel_factory.evo.efficiency --help`)."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import importlib.util
+import inspect
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from kernel_factory.evo import build, config
+from kernel_factory.evo.loop import evolve
+from kernel_factory.evo.evaluate.replay import ReplayEvaluator
+from kernel_factory.evo.history import History, Record
+from kernel_factory.evo.protocols import GenerationStats, RunInfo, RunSummary
+from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, GeneValue, Genome
+from kernel_factory.evo.variation import Proposer
+
+PROBLEM = "rmsnorm_fwd"
+TARGET = 0.99                 # a hit: fitness >= 99% of the space's optimum
+PRIOR_EVALUATIONS = 96        # loop-full starts from one earlier run of this size ("the second run of a problem")
+PRIOR_SEED_OFFSET = 1000      # the earlier run's seed, so that it is not the same run
+KT_GA_DEFAULTS = "popsize 26, maxiter 90, single_point crossover, mutation_chance 55, constraint_aware True"
+
+# Loop variants: search settings, and whether the run starts from an earlier run's results.
+COLD: dict[str, Any] = {"policy": "static", "lessons": False, "surrogate": {"enabled": False},
+                        "warm_start": {"enabled": False}}
+LOOP_VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
+    "loop-cold": (COLD, False),
+    "loop-bandit": ({**COLD, "policy": "bandit"}, False),
+    "loop-surrogate": ({**COLD, "surrogate": {"enabled": True}}, False),
+    "loop-full": ({"policy": "bandit", "lessons": True, "surrogate": {"enabled": True},
+                   "warm_start": {"enabled": True}}, True),
+}
+METHODS = ("random", *LOOP_VARIANTS, "kt-ga")
+FULL_BOTH = "loop-full + earlier run"   # a table row: loop-full counted together with the run it starts from
+
+
+@dataclass(frozen=True)
+class Landscape:
+    """The recorded space as the benchmark sees it: every feasible genome and the fitness the replay gives it."""
+
+    space: GeneSpace
+    genomes: Mapping[str, Genome]     # id -> genome, in the recording's order
+    fitness: Mapping[str, float]      # id -> geomean speedup over the baseline
+    label: str                        # the recording, as the replay evaluator names it
+    device: str
+    kernel_name: str
+    optimum: float                    # the best fitness in the space
+    target: float                     # a hit: fitness >= this
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One method on one seed: the distinct genomes it evaluated, in order."""
+
+    order: tuple[str, ...]
+    prior: tuple[str, ...] = ()       # what the earlier run evaluated (loop-full only); not counted in `order`
+
+
+@lru_cache(maxsize=1)
+def replay() -> tuple[build.Run, ReplayEvaluator]:
+    """One replay evaluator per process: it keeps no state between candidates, and reading the recording is slow."""
+    run = build.prepare(run_config(0, COLD, 1))
+    return run, build.make_evaluator(run, "replay")
+
+
+@lru_cache(maxsize=1)
+def landscape() -> Landscape:
+    run, evaluator = replay()
+    rec = evaluator.rec
+    genomes = {gid: genome for gid, (genome, _) in rec.entries.items()}
+    fitness = {r.candidate_id: r.fitness for r in evaluator.evaluate([Candidate(g) for g in genomes.values()])}
+    optimum = max(fitness.values())
+    gpu = rec.header.get("fingerprint", {}).get("gpu", "GPU")
+    return Landscape(run.problem.space, genomes, fitness, rec.label, gpu, run.problem.kernel_name, optimum,
+                     TARGET * optimum)
+
+
+def evaluations_to_target(order: Sequence[str], fitness: Mapping[str, float], target: float) -> int | None:
+    """The 1-based count of distinct genomes evaluated up to and including the first that reaches `target`
+    (a repeat of a genome already evaluated costs nothing); None if none does."""
+    for count, gid in enumerate(dict.fromkeys(order), start=1):
+        if fitness.get(gid, 0.0) >= target:
+            return count
+    return None
+
+
+def random_trial(land: Landscape, seed: int) -> Trial:
+    """Uniform random order over the feasible genomes, without replacement."""
+    order = sorted(land.genomes)
+    random.Random(seed).shuffle(order)
+    return Trial(tuple(order))
+
+
+class OrderObserver:
+    """Remembers what the loop evaluated, in order: the benchmark's only window into a run."""
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[Candidate, EvalResult]] = []
+
+    def on_start(self, run: RunInfo) -> None:
+        pass
+
+    def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
+        self.pairs.extend(results)
+
+    def on_generation(self, stats: GenerationStats) -> None:
+        pass
+
+    def on_end(self, summary: RunSummary) -> None:
+        pass
+
+
+def run_config(seed: int, search: Mapping[str, Any], budget: int) -> config.RunConfig:
+    # generations = budget never binds first: every generation evaluates at least one new genome
+    return config.parse({"problem": PROBLEM, "dtypes": ["bfloat16"], "seed": seed, "observers": [],
+                         "evaluator": {"kind": "replay"},
+                         "search": {**search, "generations": budget, "max_evaluations": budget}})
+
+
+# How the harness calls the loop, the way evo/run.py's execute() composes it; checked before anything runs.
+EVOLVE_PARAMS = ("space", "proposer", "evaluator", "observers", "search", "rng", "run_id", "history", "seeds")
+
+
+def loop_unavailable() -> str | None:
+    """Why the harness cannot drive the loop in this build, or None when it can."""
+    params = tuple(inspect.signature(evolve).parameters)
+    if params[:len(EVOLVE_PARAMS)] != EVOLVE_PARAMS:
+        return (f"not available yet: evolve{inspect.signature(evolve)} is not the call this harness makes "
+                f"({', '.join(EVOLVE_PARAMS)})")
+    return None
+
+
+def run_loop(seed: int, search: Mapping[str, Any], budget: int,
+             prior: Sequence[tuple[Candidate, EvalResult]] = ()) -> list[tuple[Candidate, EvalResult]]:
+    """One loop run on the replay evaluator; earlier runs' results go into its history and, with warm start on,
+    its best genomes seed the first population, as evo/run.py does with what MLflow holds."""
+    cfg = run_config(seed, search, budget)
+    run = build.prepare(cfg)
+    history = History([Record.of(c, r, f"prior-{seed}") for c, r in prior])
+    seeds = [r.genome for r in history.best(cfg.search.warm_start.count)] if cfg.search.warm_start.enabled else []
+    observer = OrderObserver()
+    evolve(run.problem.space, Proposer(run.problem.space, run.operators, cfg.search), replay()[1], [observer],
+           cfg.search, random.Random(seed), f"efficiency-{seed}", history, seeds)
+    return observer.pairs
+
+
+def loop_trial(method: str, seed: int, budget: int) -> Trial:
+    search, wants_prior = LOOP_VARIANTS[method]
+    prior = run_loop(seed + PRIOR_SEED_OFFSET, COLD, PRIOR_EVALUATIONS) if wants_prior else []
+    pairs = run_loop(seed, search, budget, prior)
+    return Trial(tuple(c.id for c, _ in pairs), tuple(c.id for c, _ in prior))
+
+
+def kt_tune_params(space: GeneSpace) -> dict[str, list[GeneValue]]:
+    return {g.name: list(g.choices) for g in space.genes}
+
+
+def kt_key(values: Sequence[GeneValue]) -> str:
+    """Kernel Tuner's cache key: str() of each parameter value, in tune_params order, joined by commas."""
+    return ",".join(str(v) for v in values)
+
+
+def kt_restriction(space: GeneSpace) -> Callable[[Mapping[str, GeneValue]], bool]:
+    """Our feasibility rule as a Kernel Tuner restriction: a function of the parameter dict. A def, not a lambda:
+    KT rewrites lambdas from their source text into expressions, which this one is not."""
+    def feasible(params: Mapping[str, GeneValue]) -> bool:
+        return space.why_infeasible(dict(params)) is None
+    return feasible
+
+
+def kt_cache(land: Landscape) -> dict[str, Any]:
+    """The recording as a Kernel Tuner cache file. KT minimises `time`; time = 1 / fitness (the geomean over
+    the benchmark shapes of candidate / baseline time), so its best entry is our optimum and "within 1%" keeps
+    its meaning. Infeasible genomes are absent: the restriction keeps KT from ever asking for them."""
+    params = kt_tune_params(land.space)
+    entries = {}
+    for gid, genome in land.genomes.items():
+        genes = genome.gene_dict
+        values = [genes[name] for name in params]
+        entries[kt_key(values)] = {**dict(zip(params, values)), "time": 1.0 / land.fitness[gid],
+                                   "fitness": land.fitness[gid]}
+    # problem_size is not used in simulation mode; our fitness spans 11 shapes, which one size cannot name
+    return {"device_name": land.device, "kernel_name": land.kernel_name, "problem_size": [1],
+            "tune_params_keys": list(params), "tune_params": params, "objective": "time", "cache": entries}
+
+
+def write_kt_cache(land: Landscape, path: Path) -> Path:
+    path.write_text(json.dumps(kt_cache(land)))
+    return path
+
+
+def kt_space_size(land: Landscape) -> tuple[int, int]:
+    """(configurations in Kernel Tuner's search space under our restriction, how many of them the cache holds)."""
+    from kernel_tuner.searchspace import Searchspace
+    params = kt_tune_params(land.space)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        configs = Searchspace(params, [kt_restriction(land.space)], max_threads=10**9).list
+    cached = set(kt_cache(land)["cache"])
+    return len(configs), sum(kt_key(c) in cached for c in configs)
+
+
+@contextlib.contextmanager
+def seeded_globals(seed: int) -> Iterator[None]:
+    """Kernel Tuner's strategies draw from the global `random` and `numpy.random`; seed both for the call and
+    restore them afterwards."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    random.seed(seed)
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+
+
+def kt_trial(land: Landscape, cache_path: Path, seed: int, budget: int) -> Trial:
+    """Kernel Tuner's genetic_algorithm in simulation mode on the exported cache, with its default options.
+
+    KT's simulation runner charges one evaluation the first time it serves a configuration and none for a repeat
+    (SimulationRunner.visited_results); the results it returns list repeats too, so the distinct configurations
+    in the order returned are exactly the evaluations it charged."""
+    import kernel_tuner
+    params = kt_tune_params(land.space)
+    ids = {kt_key([g.gene_dict[n] for n in params]): gid for gid, g in land.genomes.items()}
+    with seeded_globals(seed), warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # "no parameter names a thread block dimension": nothing is launched
+        results, _ = kernel_tuner.tune_kernel(
+            land.kernel_name, "", [1], [], params, restrictions=[kt_restriction(land.space)],
+            cache=str(cache_path), simulation_mode=True, strategy="genetic_algorithm",
+            strategy_options={"max_fevals": budget}, quiet=True)
+    order = [ids[kt_key([r[n] for n in params])] for r in results if "__error__" not in r]
+    return Trial(tuple(dict.fromkeys(order)))
+
+
+def trial(method: str, seed: int, budget: int, cache_path: Path) -> Trial:
+    if method == "random":
+        return random_trial(landscape(), seed)
+    if method == "kt-ga":
+        return kt_trial(landscape(), cache_path, seed, budget)
+    return loop_trial(method, seed, budget)
+
+
+def measure(methods: Sequence[str], seeds: Sequence[int], budget: int, cache_path: Path,
+            jobs: int) -> dict[str, list[Trial] | str]:
+    """Every method on every seed (in parallel processes; each trial is reproducible from its seed alone).
+    A method the loop cannot run yet maps to the reason instead of its trials."""
+    why = loop_unavailable()
+    skipped = {m: why for m in methods if why and m in LOOP_VARIANTS}
+    tasks = [(m, s) for m in methods if m not in skipped for s in seeds]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        done = pool.map(trial, [m for m, _ in tasks], [s for _, s in tasks], [budget] * len(tasks),
+                        [cache_path] * len(tasks))
+        out: dict[str, list[Trial] | str] = dict(skipped)
+        for (method, _), result in zip(tasks, done):
+            out.setdefault(method, []).append(result)
+    return {m: out[m] for m in methods}
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between order statistics; a miss (inf) censors every quantile that touches it."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return math.inf if math.isinf(xs[hi]) else xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def columns(results: Mapping[str, list[Trial] | str], land: Landscape,
+            budget: int) -> dict[str, tuple[list[float], list[int]]]:
+    """Per method, per seed: evaluations to target (inf: none within the budget) and evaluations spent. loop-full
+    is also counted with its earlier run, whose best genomes it starts from."""
+    out = {}
+    for method, trials in results.items():
+        if isinstance(trials, str):
+            continue
+        counts = [evaluations_to_target(t.order, land.fitness, land.target) for t in trials]
+        out[method] = ([math.inf if n is None or n > budget else float(n) for n in counts],
+                       [min(len(t.order), budget) for t in trials])
+        if method == "loop-full":
+            out[FULL_BOTH] = ([both_runs(t, land) for t in trials],
+                              [len(t.prior) + n for t, n in zip(trials, out[method][1])])
+    return out
+
+
+def both_runs(t: Trial, land: Landscape) -> float:
+    """Evaluations to target over the earlier run and then this one; inf when neither found a hit."""
+    first = evaluations_to_target(t.prior, land.fitness, land.target)
+    then = evaluations_to_target(t.order, land.fitness, land.target)
+    if first is not None:
+        return float(first)
+    return math.inf if then is None else float(len(t.prior) + then)
+
+
+def fmt(x: float, budget: int) -> str:
+    return f"> {budget}" if math.isinf(x) else f"{x:.0f}" if x == int(x) else f"{x:.1f}"
+
+
+def ratio(a: float, b: float | None) -> str:
+    if b is None or math.isinf(a) or math.isinf(b):
+        return "n/a"
+    return f"{a / b:.{2 if a / b >= 0.1 else 3}f}x"
+
+
+def table(results: Mapping[str, list[Trial] | str], land: Landscape, budget: int) -> list[str]:
+    cols = columns(results, land, budget)
+    med = {m: quantile(h, 0.5) for m, (h, _) in cols.items()}
+    lines = ["| method | median evaluations to target | IQR | reached | median evaluations spent | vs random "
+             "| vs kt-ga |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {m} | {why} | | | | | |" for m, why in results.items() if isinstance(why, str)]
+    for method, (h, spent) in cols.items():
+        lines.append(f"| {method} | {fmt(med[method], budget)} | {fmt(quantile(h, 0.25), budget)} to "
+                     f"{fmt(quantile(h, 0.75), budget)} | {sum(map(math.isfinite, h))}/{len(h)} | "
+                     f"{quantile(spent, 0.5):.0f} | {ratio(med[method], med.get('random'))} | "
+                     f"{ratio(med[method], med.get('kt-ga'))} |")
+    lines += ["", "Per seed, evaluations to target (-: none within the budget):", "",
+              "| seed | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
+    for seed, row in enumerate(zip(*(h for h, _ in cols.values()))):
+        lines.append(f"| {seed} | " + " | ".join("-" if math.isinf(x) else f"{x:.0f}" for x in row) + " |")
+    return lines
+
+
+def notes(results: Mapping[str, list[Trial] | str], land: Landscape, budget: int) -> list[str]:
+    n, k = len(land.fitness), sum(f >= land.target for f in land.fitness.values())
+    ran = {m: t for m, t in results.items() if not isinstance(t, str)}
+    out = [f"- **random**: a seeded shuffle of the {n} feasible genomes, read in order; the expected evaluations "
+           f"to the first of {k} hits are (n+1)/(k+1) = {(n + 1) / (k + 1):.0f}."] if "random" in ran else []
+    if set(ran) & set(LOOP_VARIANTS):
+        out.append("- **loop-\\***: `evo.loop.evolve` composed as `evo/run.py` does (Proposer, History, warm-start "
+                   "seeds), on the replay evaluator, with the search defaults of `evo/config.py` (population 24, "
+                   "tournament 3, elitism 2, operator weights 0.5/0.3/0.2) except generations = max_evaluations = "
+                   "budget. loop-cold: policy static, lessons, surrogate and warm start off; loop-bandit: policy "
+                   "bandit only; loop-surrogate: surrogate only; loop-full: all four on, starting from the "
+                   f"{PRIOR_EVALUATIONS} results of one loop-cold run with seed + {PRIOR_SEED_OFFSET}, whose "
+                   "evaluations are not counted. Counted: every candidate the loop sent to the evaluator (failures "
+                   "included), in order.")
+    if "kt-ga" in ran:
+        size, cached = kt_space_size(land)
+        out.append(f"- **kt-ga**: Kernel Tuner {importlib.metadata.version('kernel-tuner')}, `tune_kernel(..., "
+                   f"strategy='genetic_algorithm', strategy_options={{'max_fevals': {budget}}}, simulation_mode="
+                   f"True, cache=<export>)` with the GA's default options ({KT_GA_DEFAULTS}). Objective `time` = "
+                   f"1/fitness, minimised. Our feasibility rule is a KT restriction: KT's search space holds {size} "
+                   f"configurations, {cached} of them in the cache of {n} entries. Seeds: `random.seed(s)` and "
+                   "`numpy.random.seed(s)` before each call (KT draws from both). Counted: distinct configurations "
+                   "in the order KT returned results, which is what its simulation runner charges to max_fevals "
+                   "(a repeat served from the cache costs nothing). After maxiter = 90 generations the GA stops, "
+                   "usually well before the budget: see 'median evaluations spent'.")
+    if "loop-full" in ran:
+        found = sum(evaluations_to_target(t.prior, land.fitness, land.target) is not None for t in ran["loop-full"])
+        out.append(f"- **{FULL_BOTH}**: the earlier run had itself evaluated a hit in {found}/{len(ran['loop-full'])} "
+                   "seeds, and warm start puts it into loop-full's first population. This row counts the earlier "
+                   f"run's evaluations up to its hit, or all {PRIOR_EVALUATIONS} plus loop-full's when it found none.")
+    cold = [t.order for t in ran.get("loop-cold", [])]
+    out += [f"- {m} evaluated exactly what loop-cold did on every seed: its settings had no effect in this build."
+            for m in ran if m in LOOP_VARIANTS and m != "loop-cold" and [t.order for t in ran[m]] == cold]
+    return out
+
+
+def report(results: Mapping[str, list[Trial] | str], land: Landscape, budget: int, seeds: int, wall_s: float,
+           jobs: int) -> str:
+    k = sum(f >= land.target for f in land.fitness.values())
+    lines = [f"# Search efficiency: RMSNorm forward (bf16) on recorded {land.device} measurements", "",
+             f"- Data: {land.label}. Replayed: no kernel ran.",
+             f"- Target: fitness >= {TARGET} x the space's optimum {land.optimum:.4f}, i.e. >= {land.target:.4f} "
+             f"({k} of {len(land.fitness)} genomes).",
+             f"- Measure: distinct genomes evaluated until the first hit is evaluated; budget {budget} per run; "
+             f"seeds 0-{seeds - 1}. A run with no hit within the budget counts as \"> {budget}\" (medians and "
+             "IQRs that reach such runs are censored).", "",
+             *table(results, land, budget), "", "How each method was run and counted:", "",
+             *notes(results, land, budget), "",
+             f"Made by `python -m kernel_factory.evo.efficiency --seeds {seeds} --budget {budget}` in {wall_s:.0f} s "
+             f"with {jobs} processes."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernel_factory.evo.efficiency", description=__doc__)
+    parser.add_argument("--seeds", type=int, default=20, help="seeds 0..N-1 for every method")
+    parser.add_argument("--budget", type=int, default=1500, help="evaluations per run")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes")
+    parser.add_argument("--out", default="runs/evidence/search-efficiency.md", help="markdown file to write")
+    args = parser.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if unknown := [m for m in methods if m not in METHODS]:
+        parser.error(f"unknown method {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    if "kt-ga" in methods and importlib.util.find_spec("kernel_tuner") is None:
+        parser.error("kt-ga needs Kernel Tuner: pip install -e '.[bench]', or leave kt-ga out of --methods")
+    if min(args.seeds, args.budget, args.jobs) < 1:
+        parser.error("--seeds, --budget and --jobs must be >= 1")
+    started, land = time.monotonic(), landscape()
+    with tempfile.TemporaryDirectory() as tmp:
+        cache_path = write_kt_cache(land, Path(tmp) / "kt-cache.json")
+        results = measure(methods, range(args.seeds), args.budget, cache_path, args.jobs)
+    text = report(results, land, args.budget, args.seeds, time.monotonic() - started, args.jobs)
+    print(text, end="")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The search-efficiency benchmark's parts (counter, random search, loop harness, Kernel Tuner export), on CPU."""
+import pytest
+
+from kernel_factory.evo import efficiency
+
+KT_MISSING = "Kernel Tuner is in the optional `bench` extra: pip install -e '.[bench]'"
+
+
+@pytest.fixture(scope="module")
+def land():
+    return efficiency.landscape()
+
+
+def test_counter_counts_distinct_genomes_up_to_the_first_hit():
+    fitness = {"a": 1.0, "b": 0.5, "c": 2.0, "d": 3.0}
+    assert efficiency.evaluations_to_target(["a", "b", "a", "c", "d"], fitness, 1.9) == 3   # the repeat is free
+    assert efficiency.evaluations_to_target(["d", "c"], fitness, 1.9) == 1
+    assert efficiency.evaluations_to_target(["x", "c"], fitness, 2.0) == 2   # unknown: counted, never a hit
+    assert efficiency.evaluations_to_target(["a", "b", "b"], fitness, 1.9) is None
+
+
+def test_random_search_reaches_the_target_inside_the_space(land):
+    n = len(land.fitness)
+    assert n == 4272 and sum(f >= land.target for f in land.fitness.values()) >= 1
+    trials = [efficiency.random_trial(land, seed) for seed in range(3)]
+    assert all(sorted(t.order) == sorted(land.genomes) for t in trials), "a permutation of the feasible genomes"
+    counts = [efficiency.evaluations_to_target(t.order, land.fitness, land.target) for t in trials]
+    assert all(1 <= c <= n for c in counts)
+    assert len(set(counts)) == 3, "seeds must give different orders"
+    assert efficiency.random_trial(land, 1) == trials[1]
+
+
+def test_censored_quantiles():
+    inf = float("inf")
+    assert efficiency.quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
+    assert efficiency.quantile([1.0, 2.0, inf], 0.5) == 2.0
+    assert efficiency.quantile([1.0, inf, inf], 0.5) == inf
+
+
+def test_loop_harness_counts_what_the_loop_evaluated(land):
+    assert efficiency.loop_unavailable() is None, "wire efficiency.run_loop to the loop's new signature"
+    a = efficiency.loop_trial("loop-cold", 3, 40)
+    assert a == efficiency.loop_trial("loop-cold", 3, 40)
+    assert len(a.order) == len(set(a.order)) == 40 and set(a.order) <= set(land.genomes)
+    full = efficiency.loop_trial("loop-full", 3, 40)
+    assert len(full.prior) == efficiency.PRIOR_EVALUATIONS and len(full.order) == 40
+
+
+def test_kt_cache_export_round_trips(land, tmp_path):
+    pytest.importorskip("kernel_tuner", reason=KT_MISSING)
+    from kernel_tuner.util import read_cache
+    cache = read_cache(str(efficiency.write_kt_cache(land, tmp_path / "kt.json")), open_cache=False)
+    assert len(cache["cache"]) == len(land.genomes) == 4272
+    assert min(e["time"] for e in cache["cache"].values()) == pytest.approx(1.0 / land.optimum, rel=1e-12)
+    assert efficiency.kt_space_size(land) == (4272, 4272), "KT must see exactly our feasible genomes"
+
+
+def test_kt_ga_is_seeded_and_spends_its_budget(land, tmp_path):
+    pytest.importorskip("kernel_tuner", reason=KT_MISSING)
+    path = efficiency.write_kt_cache(land, tmp_path / "kt.json")
+    a, b, c = (efficiency.kt_trial(land, path, seed, 60) for seed in (0, 0, 1))
+    assert a == b and a != c
+    assert len(a.order) == 60 and set(a.order) <= set(land.genomes)

@@ -1,0 +1,194 @@
+"""Lineage on CPU with real genes: the graph (every parent edge, crossovers and external parents included), the best
+ancestry, the chain of changes, the four renderings, and a replay run that logs them to MLflow and explains its best
+through `kernel-factory lineage`."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import networkx as nx
+import pytest
+from mlflow.tracking import MlflowClient
+
+from kernel_factory.evo import config, lineage
+from kernel_factory.evo.observers import mlflow as mlflow_observer
+from kernel_factory.evo.run import execute
+from kernel_factory.evo.types import Candidate, EvalResult, Genome, Status, geomean_speedup
+
+CASES = ("bfloat16:32768x256", "bfloat16:32768x1024")
+EARLIER_RUN_SEED = "feedfacecafebeef"   # a parent from an earlier run: not among this run's results
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def ok(cand: Candidate, t: float) -> EvalResult:
+    times, base = {k: t for k in CASES}, {k: 12.0 for k in CASES}
+    return EvalResult(cand.id, Status.OK, geomean_speedup(times, base), times, baseline_us=base)
+
+
+@pytest.fixture
+def family(rmsnorm) -> dict[str, tuple[Candidate, EvalResult]]:
+    """Two generations on top of three founders: mutations, a crossover, a patch, failures, an external parent."""
+    d = rmsnorm.space.defaults()
+    c = {"a": Candidate(Genome.of(d), operator="defaults"),
+         "b": Candidate(Genome.of({**d, "threads": 512}), operator="random"),
+         "s": Candidate(Genome.of({**d, "load": "plain"}), (EARLIER_RUN_SEED,), "seed")}
+    c["f"] = Candidate(Genome.of({**d, "unroll": 4}), (c["a"].id,), "gene_mutation", 1)
+    # b first: the chain must pick the fitter parent (a), not the first one.
+    c["x"] = Candidate(Genome.of({**d, "threads": 512, "vec_bytes": 8}), (c["b"].id, c["a"].id),
+                       "uniform_crossover", 1)
+    c["p"] = Candidate(Genome.of({**d, "threads": 512, "vec_bytes": 8, "reduce": "smem"},
+                                 {"reduce": "// fast reduce\nwarp_sum(v);\n"}), (c["x"].id,), "ptx_mutation", 2)
+    c["t"] = Candidate(Genome.of({**d, "load": "plain", "keep_x": not d["keep_x"]}), (c["s"].id,),
+                       "gene_mutation", 2)
+    res = {"a": ok(c["a"], 12.0), "b": ok(c["b"], 13.0), "s": ok(c["s"], 11.0), "x": ok(c["x"], 10.0),
+           "p": ok(c["p"], 8.0),
+           "f": EvalResult(c["f"].id, Status.COMPILE_ERROR, message="ptxas: too many resources"),
+           "t": EvalResult(c["t"].id, Status.TIMEOUT, message="watchdog")}
+    return {name: (c[name], res[name]) for name in c}
+
+
+def ids(family, names: str) -> list[str]:
+    return [family[n][0].id for n in names]
+
+
+def test_graph_has_every_parent_edge_and_external_parents(family):
+    graph = lineage.build(family.values(), "run-1")
+    assert set(graph) == set(ids(family, "absfxpt")) | {EARLIER_RUN_SEED}
+    a, b, s, f, x, p, t = ids(family, "absfxpt")
+    assert {(u, v, d["operator"]) for u, v, d in graph.edges(data=True)} == {
+        (a, f, "gene_mutation"), (a, x, "uniform_crossover"), (b, x, "uniform_crossover"),
+        (x, p, "ptx_mutation"), (s, t, "gene_mutation"), (EARLIER_RUN_SEED, s, "seed")}
+    assert set(graph.predecessors(x)) == {a, b}
+    external = graph.nodes[EARLIER_RUN_SEED]
+    assert external["external"] and external["status"] == "external" and external["generation"] == -1
+    assert graph.nodes[f]["status"] == "compile_error" and graph.nodes[f]["fitness"] == 0.0
+    assert graph.nodes[p]["patch"] == {"reduce": "// fast reduce\nwarp_sum(v);\n"}
+    assert graph.nodes[x]["genes"]["threads"] == 512 and graph.nodes[x]["generation"] == 1
+    assert graph.nodes[p]["fitness"] == pytest.approx(1.5)
+
+
+def test_best_ancestry_is_the_best_and_all_its_ancestors(family):
+    graph = lineage.build(family.values())
+    assert lineage.best(graph) == family["p"][0].id
+    assert lineage.best_ancestry(graph) == set(ids(family, "pxab"))
+    # The run's own verdict wins over a recount (the hall of fame breaks ties among equal fitness).
+    named = lineage.build(family.values(), best_id=family["s"][0].id)
+    assert lineage.best_ancestry(named) == {family["s"][0].id, EARLIER_RUN_SEED}
+    assert lineage.best_ancestry(lineage.build([])) == set()
+
+
+def test_chain_follows_the_fitter_parent_with_gene_and_patch_diffs(family):
+    graph = lineage.build(family.values())
+    steps = lineage.chain(graph, family["p"][0].id)
+    assert [s.node for s in steps] == ids(family, "axp")   # a (1.0x) beats b (0.92x) as x's parent
+    first, cross, last = steps
+    assert first.parent is None and first.fitness_change is None and first.gene_diff == {}
+    assert cross.parent == family["a"][0].id and cross.parents == tuple(ids(family, "ba"))
+    assert cross.gene_diff == {"threads": (256, 512), "vec_bytes": (16, 8)}   # vs a, the template defaults
+    assert cross.fitness_change == pytest.approx(1.2 - 1.0)
+    assert last.operator == "ptx_mutation" and last.fitness_change == pytest.approx(1.5 - 1.2)
+    assert last.gene_diff == {"reduce": ("shfl", "smem")}
+    assert "+// fast reduce" in last.patch_diff and "+warp_sum(v);" in last.patch_diff
+    assert f"+++ {last.node}:reduce" in last.patch_diff
+
+    failed = lineage.chain(graph, family["t"][0].id)
+    assert [s.node for s in failed] == [EARLIER_RUN_SEED, *ids(family, "st")]
+    assert failed[0].operator == "external" and failed[0].fitness is None
+    assert failed[1].gene_diff == {} and failed[1].fitness_change is None   # an external parent's genes are unknown
+    assert failed[2].status == "timeout" and failed[2].fitness_change == pytest.approx(-12.0 / 11.0)
+    assert list(failed[2].gene_diff) == ["keep_x"]
+
+    text = lineage.format_chain(steps)
+    assert text.splitlines()[0].startswith(f"gen 0  {family['a'][0].id}  defaults  ok")
+    assert f"also bred from {family['b'][0].id}" in text and "    threads: 256 -> 512" in text
+
+
+def node_titles(svg_text: str) -> dict[str, str]:
+    root = ET.fromstring(svg_text)
+    return {g.get("id"): g.find(f"{SVG}title").text for g in root.iter(f"{SVG}g")
+            if (g.get("id") or "").startswith("kf-node-")}
+
+
+def test_render_writes_four_files_with_node_titles(family, tmp_path):
+    graph = lineage.build(family.values(), "run-1")
+    paths = lineage.render(graph, tmp_path / "out")
+    assert {k: p.name for k, p in paths.items()} == {
+        "png": "lineage.png", "svg": "lineage.svg", "html": "lineage.html", "json": "lineage.json"}
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["png"].stat().st_size > 20_000
+    titles = node_titles(paths["svg"].read_text())
+    assert len(titles) == graph.number_of_nodes()
+    p = family["p"][0].id
+    (title,) = [t for t in titles.values() if t.startswith(p)]
+    assert "operator: ptx_mutation" in title and "status: ok" in title and "fitness: 1.5000x" in title
+    assert any(t.startswith(family["f"][0].id) and "status: compile_error" in t for t in titles.values())
+
+    page = paths["html"].read_text()
+    body = page[page.index("<svg"):page.index("</svg>") + 6]
+    assert node_titles(body) == titles
+    assert "<script src" not in page and "<link" not in page and "<img" not in page   # no network
+
+    back = nx.node_link_graph(json.loads(paths["json"].read_text()), edges="edges")
+    assert set(back.edges) == set(graph.edges) and back.nodes[p]["genes"]["reduce"] == "smem"
+
+
+def test_render_of_300_candidates_is_fast(tmp_path, rmsnorm):
+    rng = random.Random(5)
+    space, pairs, previous, seen = rmsnorm.space, [], [], set()
+    for generation in range(10):
+        current = []
+        while len(current) < 30:
+            genome = Genome.of({g.name: rng.choice(g.choices) for g in space.genes})
+            if genome.id in seen:
+                continue
+            seen.add(genome.id)
+            drawn = [rng.choice(previous).id for _ in range(rng.choice((1, 2)))] if previous else []
+            parents = tuple(dict.fromkeys(drawn))
+            cand = Candidate(genome, parents,
+                             "uniform_crossover" if len(parents) == 2 else "gene_mutation", generation)
+            status = rng.choice([Status.OK] * 5 + list(Status))
+            current.append(cand)
+            pairs.append((cand, EvalResult(cand.id, status, rng.uniform(0.5, 1.2) if status is Status.OK else 0.0)))
+        previous = current
+    lineage.render(lineage.build(pairs[:5]), tmp_path / "warm")   # fonts and caches, once per process
+    graph = lineage.build(pairs)
+    started = time.perf_counter()
+    paths = lineage.render(graph, tmp_path / "big")
+    assert time.perf_counter() - started < 3.0
+    assert len(node_titles(paths["svg"].read_text())) == graph.number_of_nodes() == 300
+
+
+def test_replay_run_logs_lineage_and_the_cli_explains_its_best(replay_config, tmp_path, monkeypatch):
+    drawn = []
+    real_render = mlflow_observer.lineage.render
+
+    def counting(graph, out_dir):
+        drawn.append(graph.number_of_nodes())
+        return real_render(graph, out_dir)
+
+    monkeypatch.setattr(mlflow_observer.lineage, "render", counting)
+    summary = execute(config.parse(replay_config))
+    assert len(drawn) == 2 and drawn[0] < drawn[1] == summary.evaluations   # after generation 3, and at the end
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rmsnorm_fwd")
+    (parent,) = client.search_runs([exp.experiment_id], f"tags.`kf.run_id` = '{summary.run_id}'"
+                                                        " and tags.`kf.kind` = 'evolution'")
+    names = {a.path for a in client.list_artifacts(parent.info.run_id, "lineage")}
+    assert names == {f"lineage/lineage.{kind}" for kind in ("png", "svg", "html", "json")}
+
+    cli = [sys.executable, "-m", "kernel_factory.evo.cli", "lineage"]
+    out = subprocess.run([*cli, summary.run_id, "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "drawn")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    blocks = out.stdout.strip().split("\n\n")
+    assert blocks[-1].startswith(f"gen {summary.best[0].generation}  {summary.best[0].id}  ")
+    assert blocks[0].startswith("gen 0  ") and (tmp_path / "drawn" / "lineage.html").is_file()
+
+    wrong = subprocess.run([*cli, "no-such-run", "--runs", str(tmp_path / "runs")], capture_output=True, text=True,
+                           timeout=120)
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert wrong.stderr.count("\n") == 1 and "'no-such-run'" in wrong.stderr and summary.run_id in wrong.stderr
