@@ -26,10 +26,11 @@ class OperatorConfig:
 
 @dataclass(frozen=True)
 class SurrogateConfig:
-    enabled: bool = False          # off unless the search-efficiency benchmark shows it wins (README)
-    oversample: float = 3.0        # children proposed per child sent to the evaluator
+    # On by default because it wins the search-efficiency benchmark (runs/evidence/search-efficiency.md).
+    enabled: bool = True
+    oversample: float = 4.0        # children proposed per child sent to the evaluator
     explore: float = 0.25          # share of each batch drawn at random from the proposals, not by rank
-    min_history: int = 24          # successful evaluations needed before the model is trusted
+    min_history: int = 12          # successful evaluations needed before the model is trusted
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class WarmStartConfig:
 
 @dataclass(frozen=True)
 class SearchConfig:
-    population: int = 24
+    population: int = 12                  # small batches let what was learned steer the next one sooner
     generations: int = 8
     max_evaluations: int | None = None    # stop once this many candidates were evaluated (None: no limit)
     wall_clock_s: float | None = None     # stop after this many seconds (None: no limit)

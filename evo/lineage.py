@@ -132,10 +132,12 @@ def _step(graph: nx.DiGraph, node: str, parent: str | None) -> Step:
 
 def gene_diff(old: Mapping[str, GeneValue], new: Mapping[str, GeneValue]
               ) -> dict[str, tuple[GeneValue | None, GeneValue | None]]:
+    """gene -> (old, new) for each gene whose value differs (None where a side lacks the gene)."""
     return {g: (old.get(g), new.get(g)) for g in sorted(set(old) | set(new)) if old.get(g) != new.get(g)}
 
 
 def patch_diff(old: Mapping[str, str], new: Mapping[str, str], old_id: str = "a", new_id: str = "b") -> str:
+    """A unified diff of each editable region that differs, its files named <candidate id>:<region>."""
     lines: list[str] = []
     for region in sorted(set(old) | set(new)):
         before, after = old.get(region, ""), new.get(region, "")
@@ -271,9 +273,8 @@ def _draw_edges(ax: Any, graph: nx.DiGraph, pos: Mapping[str, np.ndarray], ances
 def _decorate(fig: Figure, ax: Any, graph: nx.DiGraph, norm: Normalize, top: str | None) -> None:
     """Title, the status legend and the fitness colour bar."""
     run = graph.graph.get("run_id") or "run"
-    gens = {d["generation"] for _, d in graph.nodes(data=True) if not d["external"]}
-    title = f"lineage of {run}: {sum(not d['external'] for _, d in graph.nodes(data=True))} candidates, " \
-            f"{len(gens)} generations"
+    evaluated = [d for _, d in graph.nodes(data=True) if not d["external"]]
+    title = f"lineage of {run}: {len(evaluated)} candidates, {len({d['generation'] for d in evaluated})} generations"
     if top is not None:
         title += f"; best {top} at {graph.nodes[top]['fitness']:.4f}x (bold path: its ancestry)"
     fig.suptitle(title, fontsize=11.5, y=0.985)

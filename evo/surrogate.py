@@ -59,13 +59,12 @@ class Surrogate:
 
 def screen(proposals: Sequence[Candidate], n: int, model: Surrogate, explore: float,
            rng: random.Random) -> list[Candidate]:
-    """The n proposals to evaluate: the best-ranked (1 - explore) share, then a random draw from the rest."""
+    """The n proposals to evaluate, most promising first: the best-ranked (1 - explore) share in rank order, then a
+    random draw from the rest."""
     if len(proposals) <= n:
         return list(proposals)
     scores = model.predict([c.genome.gene_dict for c in proposals])
     order = sorted(range(len(proposals)), key=lambda i: -scores[i])
     n_top = n - int(round(explore * n))
-    chosen = order[:n_top]
-    rest = order[n_top:]
-    chosen += rng.sample(rest, n - n_top)
-    return [proposals[i] for i in sorted(chosen)]
+    chosen = order[:n_top] + rng.sample(order[n_top:], n - n_top)
+    return [proposals[i] for i in chosen]
