@@ -23,7 +23,7 @@ from deap import base, tools
 from kernel_factory.evo.config import SearchConfig
 from kernel_factory.evo.history import History, Record
 from kernel_factory.evo.protocols import Evaluator, GenerationStats, Observer, RunSummary
-from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, Genome
+from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, Genome, Status
 from kernel_factory.evo.variation import Proposer, initial_population, seeded_global_random
 
 
@@ -72,7 +72,10 @@ class RunState:
     def evaluate(self, batch: list[Candidate], generation: int) -> list[Individual]:
         if self.search.max_evaluations is not None:
             batch = batch[:max(0, self.search.max_evaluations - len(self.seen))]
-        results = self.evaluator.evaluate(batch) if batch else []
+        todo = [c for c in batch if c.failure is None]    # operators' known failures skip the evaluator
+        answered = dict(zip((c.id for c in todo), self.evaluator.evaluate(todo) if todo else []))
+        results = [answered[c.id] if c.failure is None else
+                   EvalResult(c.id, Status(c.failure[0]), message=c.failure[1], evaluator="operator") for c in batch]
         self.new = [Individual(c, r) for c, r in zip(batch, results)]
         self.seen.update((ind.candidate.id, ind) for ind in self.new)
         self.hof.update(self.new)

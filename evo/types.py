@@ -24,6 +24,9 @@ class Status(str, enum.Enum):
     CRASHED = "crashed"              # illegal address, trap, ... (the worker was restarted)
     TIMEOUT = "timeout"              # past the watchdog deadline (the worker was killed)
     NOT_RECORDED = "not_recorded"    # replay only: the recording holds no measurement for this genome
+    INVALID_PATCH = "invalid_patch"  # a code edit that does not apply (SEARCH not found, unknown region, no edit)
+    REJECTED = "rejected"            # a code edit the static check refused (host code, includes, clocks, ...)
+    LLM_ERROR = "llm_error"          # the model endpoint failed (timeout, errors after retries, budget spent)
 
     @property
     def failed(self) -> bool:
@@ -143,12 +146,18 @@ class Genome:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A genome in the context of one run: who its parents were and which operator made it."""
+    """A genome in the context of one run: who its parents were and which operator made it.
+
+    notes are text artifacts about how it was made (an LLM operator's prompt, reply, diff, usage), logged with the
+    candidate. failure is set when the operator already knows the outcome (an edit that does not apply, a failed
+    model call): such a candidate is recorded with that status and never reaches the evaluator."""
 
     genome: Genome
     parents: tuple[str, ...] = ()
     operator: str = "init"
     generation: int = 0
+    notes: Mapping[str, str] = field(default_factory=dict, compare=False)
+    failure: tuple[str, str] | None = field(default=None, compare=False)   # (Status value, message)
 
     @property
     def id(self) -> str:
@@ -156,12 +165,14 @@ class Candidate:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "genome": self.genome.to_json(), "parents": list(self.parents),
-                "operator": self.operator, "generation": self.generation}
+                "operator": self.operator, "generation": self.generation, "notes": dict(self.notes),
+                "failure": list(self.failure) if self.failure else None}
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "Candidate":
+        failure = data.get("failure")
         return Candidate(Genome.from_json(data["genome"]), tuple(data["parents"]), data["operator"],
-                         int(data["generation"]))
+                         int(data["generation"]), dict(data.get("notes") or {}), tuple(failure) if failure else None)
 
 
 @dataclass(frozen=True)

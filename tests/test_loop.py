@@ -45,12 +45,18 @@ def test_replay_run_improves_and_records_everything(replay_config):
     assert all(r["result"]["fitness"] == 0.0 for r in failed)
 
 
-def test_search_improves_on_the_template_defaults(replay_config):
-    summary, cfg = run(replay_config, "search.init_random=0", "search.generations=6")
+def test_search_improves_on_the_template_defaults(replay_config, synthetic_recording):
+    from kernel_factory.evo.evaluate import recording
+    rec = recording.read(synthetic_recording)
+    base = rec.header["baseline_us"]
+    from kernel_factory.evo.types import geomean_speedup
+    optimum = max(geomean_speedup(r.times_us, base) for _, r in rec.entries.values() if r.times_us)
+    summary, cfg = run(replay_config, "search.init_random=0", "search.generations=10")
     results = [r for r in journal_of(cfg, summary) if r["event"] == "result"]
     assert [r["candidate"]["operator"] for r in results if r["generation"] == 0] == ["defaults"]
     defaults_fitness = results[0]["result"]["fitness"]
-    assert summary.best[1].fitness > defaults_fitness * 1.02
+    assert summary.best[1].fitness > defaults_fitness
+    assert summary.best[1].fitness >= 0.98 * optimum, (summary.best[1].fitness, optimum)
 
 
 def test_same_seed_same_run(replay_config):

@@ -317,6 +317,7 @@ class MlflowObserver:
                 yield f"compile-{dtype}.log", result.build[dtype].log
         if result.message:
             yield "message.txt", result.message
+        yield from candidate.notes.items()   # e.g. an LLM operator's llm/prompt.md, llm/reply.md, llm/diff.patch
 
     def _log_generation(self, stats: GenerationStats) -> None:
         if stats.generation <= self.last_generation:
