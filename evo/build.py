@@ -6,6 +6,7 @@ ConfigError naming the key and what would be valid.
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -61,12 +62,20 @@ def prepare(cfg: RunConfig) -> Run:
     if baseline not in problem.baselines:
         raise ConfigError(f"config key 'evaluator.baseline': {baseline!r} is not a baseline of {problem.name}; "
                           f"choose from {', '.join(problem.baselines)}")
-    operators = []
+    operators, disabled = [], []
     for name, op_cfg in cfg.search.operators.items():
         where = f"search.operators.{name}"
         op = construct(_plugin("operator", name, where), op_cfg.options, where)
-        if op_cfg.weight > 0:
+        why = getattr(op, "unavailable", None)   # e.g. an LLM operator with no usable endpoint
+        if why:
+            disabled.append(f"{name} ({why})")
+        elif op_cfg.weight > 0:
             operators.append(WeightedOperator(op, op_cfg.weight))
+    if disabled:
+        if not operators:
+            raise ConfigError(f"config key 'search.operators': every operator is disabled: {'; '.join(disabled)}")
+        print(f"operators disabled: {'; '.join(disabled)}; the run goes on with "
+              f"{', '.join(w.operator.name for w in operators)}", file=sys.stderr)
     return Run(cfg, problem, cases, operators, baseline)
 
 

@@ -26,8 +26,9 @@ class OperatorConfig:
 
 @dataclass(frozen=True)
 class SurrogateConfig:
-    # On by default because it wins the search-efficiency benchmark (runs/evidence/search-efficiency.md).
-    enabled: bool = True
+    # Off by default: it did not beat the loop without it at the default population (search-efficiency benchmark,
+    # runs/evidence/search-efficiency.md); it did at population 24.
+    enabled: bool = False
     oversample: float = 4.0        # children proposed per child sent to the evaluator
     explore: float = 0.25          # share of each batch drawn at random from the proposals, not by rank
     min_history: int = 12          # successful evaluations needed before the model is trusted

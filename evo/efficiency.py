@@ -40,7 +40,9 @@ KT_GA_DEFAULTS = "popsize 26, maxiter 90, single_point crossover, mutation_chanc
 # Loop variants: search settings, and whether the run starts from an earlier run's results.
 COLD: dict[str, Any] = {"policy": "static", "lessons": False, "surrogate": {"enabled": False},
                         "warm_start": {"enabled": False}}
+DEFAULTS = config.SearchConfig()
 LOOP_VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
+    "loop-defaults": ({}, False),
     "loop-cold": (COLD, False),
     "loop-bandit": ({**COLD, "policy": "bandit"}, False),
     "loop-surrogate": ({**COLD, "surrogate": {"enabled": True}}, False),
@@ -343,10 +345,12 @@ def notes(results: Mapping[str, list[Trial] | str], land: Landscape, budget: int
            f"to the first of {k} hits are (n+1)/(k+1) = {(n + 1) / (k + 1):.0f}."] if "random" in ran else []
     if set(ran) & set(LOOP_VARIANTS):
         out.append("- **loop-\\***: `evo.loop.evolve` composed as `evo/run.py` does (Proposer, History, warm-start "
-                   "seeds), on the replay evaluator, with the search defaults of `evo/config.py` (population 24, "
-                   "tournament 3, elitism 2, operator weights 0.5/0.3/0.2) except generations = max_evaluations = "
-                   "budget. loop-cold: policy static, lessons, surrogate and warm start off; loop-bandit: policy "
-                   "bandit only; loop-surrogate: surrogate only; loop-full: all four on, starting from the "
+                   f"seeds), on the replay evaluator, with the search defaults of `evo/config.py` (population "
+                   f"{DEFAULTS.population}, tournament {DEFAULTS.tournament_size}, elitism {DEFAULTS.elitism}, "
+                   "operator weights 0.5/0.3/0.2) except generations = max_evaluations = budget. loop-defaults: "
+                   "those defaults as they are (no earlier run, so no warm start); loop-cold: policy static, lessons, "
+                   "surrogate and warm start off; loop-bandit: policy bandit only; loop-surrogate: surrogate only; "
+                   "loop-full: all four on, starting from the "
                    f"{PRIOR_EVALUATIONS} results of one loop-cold run with seed + {PRIOR_SEED_OFFSET}, whose "
                    "evaluations are not counted. Counted: every candidate the loop sent to the evaluator (failures "
                    "included), in order.")

@@ -85,7 +85,7 @@ class RunState:
         return self.new
 
     def close_generation(self, generation: int, population: list[Individual]) -> None:
-        self.proposer.update(self.history)
+        self.proposer.update(self.history, [(i.candidate, i.result) for i in self.new])
         fits = [i.result.fitness for i in self.seen.values()]
         best = self.hof[0] if len(self.hof) else None
         stats = GenerationStats(generation, len(self.seen), best.fitness.values[0] if best else 0.0,

@@ -82,6 +82,43 @@ class Operator(Protocol):
 
 
 @dataclass(frozen=True)
+class OperatorContext:
+    """What an operator that reads more than genomes (an LLM operator) is told before each generation."""
+
+    problem: Problem
+    results: Mapping[str, tuple[Candidate, EvalResult]]   # this run's evaluations so far, by candidate id
+    lessons: str                                          # the lessons document (markdown), "" when off
+    fingerprint: Mapping[str, str]                        # the evaluator's (gpu, copy_gbps, baseline, ...)
+    generation: int                                       # the generation about to be proposed
+    shared: dict[str, Any] = field(default_factory=dict)  # state the run's operators share (the LLM spend)
+
+
+@runtime_checkable
+class ContextOperator(Operator, Protocol):
+    """An operator that is attached to the run's context once per generation and makes whole candidates: with
+    notes, and with a failure when it already knows the outcome. Each make() may cost money, so the proposer calls
+    it once per child slot (no retries, oversampling or screening). unavailable says why it cannot make children
+    now (no endpoint configured, budget spent), or is None."""
+
+    unavailable: str | None
+
+    def attach(self, context: OperatorContext) -> None:
+        ...
+
+    def make(self, parents: Sequence[Candidate], space: GeneSpace, rng: random.Random) -> Candidate:
+        ...
+
+
+@runtime_checkable
+class RepairOperator(ContextOperator, Protocol):
+    """A context operator whose parents are failures: the proposer offers it the previous generation's results,
+    and it chooses (within its own bounds) the candidates to repair, one child each."""
+
+    def choose(self, results: Sequence[tuple[Candidate, EvalResult]]) -> list[Candidate]:
+        ...
+
+
+@dataclass(frozen=True)
 class EvaluatorInfo:
     """What an evaluator is and where its numbers come from; logged as tags on every run."""
 

@@ -86,7 +86,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     info = RunInfo(run_id, run.problem.name, cfg.seed, resolved.to_json(),
                    replace(evaluator.info, fingerprint=fingerprint), run.cases, cfg.out_dir, key,
                    tuple(g.id for g in seeds), len(prior), resume)
-    proposer = Proposer(run.problem.space, run.operators, cfg.search)
+    proposer = Proposer(run.problem.space, run.operators, cfg.search, run.problem, fingerprint)
     summary = None
     try:
         for obs in observers:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from types import MappingProxyType
+from typing import Iterator, Mapping, Sequence
 
 from kernel_factory.evo import credit, lessons
 from kernel_factory.evo.config import SearchConfig
 from kernel_factory.evo.history import History
-from kernel_factory.evo.protocols import Operator
+from kernel_factory.evo.protocols import ContextOperator, Operator, OperatorContext, Problem, RepairOperator
 from kernel_factory.evo.surrogate import Surrogate, screen
-from kernel_factory.evo.types import Candidate, GeneSpace, Genome
+from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, Genome
 
 MAX_TRIES = 100  # attempts to breed one feasible, unseen, accepted child before giving up on that slot
 
@@ -75,24 +76,44 @@ def breed(parents: Sequence[Candidate], n_children: int, operators: Sequence[Ope
 
 class Proposer:
     """Each generation's children, steered by history: operator probabilities (static or bandit), lessons, and
-    surrogate screening. update() relearns all three from the history; propose() uses them."""
+    surrogate screening. update() relearns all three from the history; propose() uses them.
 
-    def __init__(self, space: GeneSpace, operators: Sequence[WeightedOperator], search: SearchConfig):
+    Context operators (the LLM ones) are told the run's results and lessons before each generation, and each of
+    their calls costs money, so they get their share of child slots without retries, oversampling or screening.
+    Repair operators are not drawn: each generation first offers them the previous generation's results, and the
+    repairs they choose take slots of the same child budget."""
+
+    def __init__(self, space: GeneSpace, operators: Sequence[WeightedOperator], search: SearchConfig,
+                 problem: Problem | None = None, fingerprint: Mapping[str, str] | None = None):
         self.space, self.search = space, search
-        self.operators = [w.operator for w in operators]
-        total = sum(w.weight for w in operators)
-        self.static = {w.operator.name: w.weight / total for w in operators}
+        self.problem, self.fingerprint = problem, dict(fingerprint or {})
+        self.repairers = [w.operator for w in operators if isinstance(w.operator, RepairOperator)]
+        drawn = [w for w in operators if w.operator not in self.repairers]
+        self.operators = [w.operator for w in drawn]
+        total = sum(w.weight for w in drawn)
+        self.static = {w.operator.name: w.weight / total for w in drawn}
         self.bandit = credit.Bandit([op.name for op in self.operators])
         self.probabilities = dict(self.static)
         self.lessons: list[lessons.Lesson] = []
         self.surrogate = Surrogate(space)
         self.surrogate_ready = False
+        self.contextual = [op for op in self.operators + self.repairers if isinstance(op, ContextOperator)]
+        self.results: dict[str, tuple[Candidate, EvalResult]] = {}
+        self.last: list[tuple[Candidate, EvalResult]] = []
+        self.lessons_md = ""
+        self.shared: dict = {}
 
-    def update(self, history: History) -> None:
+    def update(self, history: History, new: Sequence[tuple[Candidate, EvalResult]] = ()) -> None:
+        self.results.update((c.id, (c, r)) for c, r in new)
+        self.last = list(new)
         if self.search.policy == "bandit":
             self.probabilities = self.bandit.probabilities(history.outcomes("current"), history.outcomes("prior"))
         if self.search.lessons:
             self.lessons = lessons.learn(history.records(), history.outcomes())
+            if self.contextual:
+                self.lessons_md = lessons.to_markdown(
+                    self.lessons, self.problem.name, self.fingerprint.get("gpu", "?"), len(history.records()),
+                    credit.report(credit.by_operator(history.outcomes())))
         if self.search.surrogate.enabled:
             self.surrogate_ready = self.surrogate.fit(history.records(), self.search.surrogate.min_history)
 
@@ -104,13 +125,66 @@ class Proposer:
 
     def propose(self, parents: Sequence[Candidate], n: int, seen: set[str], generation: int,
                 rng: random.Random) -> list[Candidate]:
+        self._attach(generation)
+        # An operator-known failure holds text that is not code (e.g. an edit that did not apply): never a parent.
+        parents = [p for p in parents if p.failure is None]
+        made = self._repairs(n, seen, generation, rng)
+        if parents:
+            made += self._costly(parents, n - len(made), seen | {c.id for c in made}, generation, rng)
+        rest = n - len(made)
+        ops = [op for op in self._available() if op not in self.contextual]
+        if not parents or not ops or rest <= 0:
+            return made
         s = self.search.surrogate
-        wanted = int(n * s.oversample) if s.enabled and self.surrogate_ready else n
-        probs = [self.probabilities[op.name] for op in self.operators]
-        children = breed(parents, wanted, self.operators, probs, self.space, rng, seen, generation, self.accept)
-        if wanted > n:
-            children = screen(children, n, self.surrogate, s.explore, rng)
-        return children
+        wanted = int(rest * s.oversample) if s.enabled and self.surrogate_ready else rest
+        probs = [self.probabilities[op.name] for op in ops]
+        children = breed(parents, wanted, ops, probs, self.space, rng, seen | {c.id for c in made}, generation,
+                         self.accept)
+        if wanted > rest:
+            children = screen(children, rest, self.surrogate, s.explore, rng)
+        return made + children
+
+    def _available(self) -> list[Operator]:
+        return [op for op in self.operators if not getattr(op, "unavailable", None)]
+
+    def _attach(self, generation: int) -> None:
+        if not self.contextual:
+            return
+        context = OperatorContext(self.problem, MappingProxyType(self.results), self.lessons_md, self.fingerprint,
+                                  generation, self.shared)
+        for op in self.contextual:
+            op.attach(context)
+
+    def _repairs(self, n: int, seen: set[str], generation: int, rng: random.Random) -> list[Candidate]:
+        out: list[Candidate] = []
+        for op in self.repairers:
+            for failed in ([] if op.unavailable else op.choose(self.last)):
+                if len(out) < n:
+                    out += self._make(op, [failed], seen | {c.id for c in out}, generation, rng)
+        return out
+
+    def _costly(self, parents: Sequence[Candidate], n: int, seen: set[str], generation: int,
+                rng: random.Random) -> list[Candidate]:
+        """The context operators' share of n slots: every slot is drawn over all operators, and those that fall
+        to a context operator get one call each (a duplicate child loses its slot to the cheap operators)."""
+        ops = self._available()
+        if n <= 0 or not any(op in self.contextual for op in ops):
+            return []
+        out: list[Candidate] = []
+        for op in rng.choices(ops, weights=[self.probabilities[op.name] for op in ops], k=n):
+            if op in self.contextual:
+                chosen = [parents[rng.randrange(len(parents))] for _ in range(op.arity)]
+                out += self._make(op, chosen, seen | {c.id for c in out}, generation, rng)
+        return out
+
+    def _make(self, op: ContextOperator, chosen: Sequence[Candidate], taken: set[str], generation: int,
+              rng: random.Random) -> list[Candidate]:
+        made = op.make(chosen, self.space, rng)
+        child = Candidate(made.genome, tuple(dict.fromkeys(c.id for c in chosen)), op.name, generation, made.notes,
+                          made.failure)
+        if child.id in taken or self.space.why_infeasible(child.genome.gene_dict) is not None:
+            return []
+        return [child]
 
 
 @contextlib.contextmanager

@@ -82,12 +82,17 @@ def test_budgets_stop_the_run(replay_config, override, reason, limit):
 
 def test_patched_genome_is_not_recorded_under_replay(replay_config, rmsnorm):
     from kernel_factory.evo import build
+    from kernel_factory.evo.evaluate import render
     from kernel_factory.evo.types import Candidate, Genome
     prepared = build.prepare(config.parse(replay_config))
     ev = build.make_evaluator(prepared, "replay")
     plain = Candidate(Genome.of(rmsnorm.space.defaults()))
-    patched = Candidate(Genome.of(rmsnorm.space.defaults(), {"reduce": "// other\n"}))
+    # a patch that compiles to another binary (an identical one would be replayed; see test_patched_replay.py)
+    second = render.regions(rmsnorm.template())["second_pass"].replace("rstd);", "rstd * 1.0001f);")
+    patched = Candidate(Genome.of(rmsnorm.space.defaults(), {"second_pass": second}))
     r_plain, r_patched = ev.evaluate([plain, patched])
     assert r_plain.status is Status.OK and r_plain.fitness > 0 and r_plain.evaluator == "replay"
     assert r_patched.status is Status.NOT_RECORDED and r_patched.fitness == 0.0
+    assert r_patched.message == "no recorded measurement for this binary"
     assert "SYNTHETIC" in ev.info.label or "SYNTHETIC" in json.dumps(dict(ev.info.fingerprint))
+    ev.close()

@@ -3,11 +3,12 @@ that is restarted after a fault and killed past a watchdog deadline. Fitness is 
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo.evaluate import render, worker
+from kernel_factory.evo.evaluate import binary, render, sass, static_check, worker
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler, CompileOutput
 from kernel_factory.evo.protocols import EvaluatorInfo, Problem
 from kernel_factory.evo.types import (BuildInfo, Candidate, Case, EvalResult, Status, geomean_speedup)
@@ -99,7 +100,11 @@ class WorkerHandle:
 
 class GpuEvaluator:
     """Evaluates on the local GPU. Options (config `evaluator.gpu`): compile_workers, check_seeds, timeout_floor_s,
-    min_reps, max_reps, target_ms."""
+    min_reps, max_reps, target_ms.
+
+    A patched genome passes static_check first (invalid_patch / rejected are never compiled), and its SASS is
+    scanned for clock and SM-id reads before it may run. A candidate whose binaries and genes equal those of one
+    this evaluator already ran gets that result (gpu_s 0): duplicates never reach the GPU."""
 
     def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
                  compile_workers: int | None = None, check_seeds: int = 2, timeout_floor_s: float = 30.0,
@@ -125,6 +130,7 @@ class GpuEvaluator:
         fp = {**ready["fingerprint"], "copy_gbps": f"{self.copy_gbps:.0f}", "baseline": baseline}
         self.info = EvaluatorInfo("gpu", f"live measurement on {fp['gpu']}", fp)
         self._evaluated = 0
+        self.seen = binary.SeenBinaries()
 
     def deadline_s(self) -> float:
         roofline_s = sum(self.problem.bytes_moved(c) / (ROOFLINE_GBPS * 1e9) for c in self.cases)
@@ -139,14 +145,14 @@ class GpuEvaluator:
 
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
         """Compiles everything on the pool; each candidate goes to the GPU as soon as its binaries exist."""
+        results = static_check.refusals(self.problem.template(), candidates, "gpu")
         owner: dict[str, list[tuple[Candidate, str]]] = {}
         jobs = []
-        for cand in candidates:
+        for cand in (c for c in candidates if c.id not in results):
             for dt, job in zip(self.dtypes, self._jobs(cand)):
                 owner.setdefault(job.key, []).append((cand, dt))
                 jobs.append(job)
         built: dict[str, dict[str, CompileOutput]] = {c.id: {} for c in candidates}
-        results: dict[str, EvalResult] = {}
         for out in self.compiler.compile_many(_unique(jobs)):
             for cand, dt in owner[out.key]:
                 built[cand.id][dt] = out
@@ -160,11 +166,22 @@ class GpuEvaluator:
         if failed:
             return EvalResult(cand.id, Status.COMPILE_ERROR, build=build, evaluator="gpu",
                               message=f"{failed[0]}: {outputs[failed[0]].error}"[:4000])
-        self._evaluated += 1
-        reply = self.worker.evaluate({"op": "eval", "id": cand.id, "genes": cand.genome.gene_dict,
-                                      "cubins": {dt: out.cubin for dt, out in outputs.items()},
-                                      "seed": hash_seed(self.seed, cand.id, self._evaluated)}, self.deadline_s())
-        return self.result(cand.id, reply, build)
+        cubins = {dt: out.cubin for dt, out in outputs.items()}
+        key = binary.launch_identity(cand.genome.gene_dict, cubins)
+        reused = self.seen.reuse(cand.id, key, build)
+        if reused is not None:
+            return reused
+        refused = timer_reads(cubins) if cand.genome.patch else None
+        if refused:
+            result = EvalResult(cand.id, Status.REJECTED, build=build, evaluator="gpu", message=refused)
+        else:
+            self._evaluated += 1
+            reply = self.worker.evaluate({"op": "eval", "id": cand.id, "genes": cand.genome.gene_dict,
+                                          "cubins": cubins, "seed": hash_seed(self.seed, cand.id, self._evaluated)},
+                                         self.deadline_s())
+            result = self.result(cand.id, reply, build)
+        self.seen.remember(key, result)
+        return result
 
     def result(self, cid: str, reply: Mapping[str, Any], build: Mapping[str, BuildInfo]) -> EvalResult:
         status = Status(reply["status"])
@@ -182,6 +199,19 @@ class GpuEvaluator:
     def close(self) -> None:
         self.worker.close()
         self.compiler.close()
+
+
+def timer_reads(cubins: Mapping[str, bytes]) -> str | None:
+    """The backstop behind the static check: why a binary may not run (it reads clocks or SM ids), else None.
+    Fails closed: a patched binary that cannot be disassembled does not run."""
+    for dt, cubin in cubins.items():
+        try:
+            found = binary.timer_reads(sass.disassemble(cubin))
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            return f"{dt}: cannot disassemble the binary to check it ({exc}); not run"
+        if found:
+            return f"{dt}: the binary reads {', '.join(found)} (clocks, timers and SM ids are not allowed); not run"
+    return None
 
 
 def hash_seed(*parts: Any) -> int:

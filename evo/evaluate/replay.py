@@ -3,13 +3,15 @@ For CI, for users without a GPU, and for measuring search efficiency. Everything
 recorded data: the evaluator kind is "replay" and its label names the GPU and the recording date."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from kernel_factory.evo.evaluate import recording
+from kernel_factory.evo.evaluate import binary, recording, render, static_check
+from kernel_factory.evo.evaluate.compile import CompileJob, Compiler, CompileOutput, ToolchainError
 from kernel_factory.evo.protocols import EvaluatorInfo, Problem
-from kernel_factory.evo.types import Candidate, Case, EvalResult, Status, geomean_speedup
+from kernel_factory.evo.types import Candidate, Case, EvalResult, Genome, Status, geomean_speedup
 
 
 class ReplayError(ValueError):
@@ -40,10 +42,18 @@ def choose_recording(problem: Problem, cases: Sequence[Case], path: str | None) 
 
 
 class ReplayEvaluator:
-    """Options (config `evaluator.replay`): recording (a path; default: the problem's bundled recording)."""
+    """Options (config `evaluator.replay`): recording (a path; default: the problem's bundled recording) and
+    compile_patches (default true).
+
+    Unpatched genomes are answered from the recording at once. A patched genome is screened first (invalid_patch,
+    rejected). With compile_patches it is then compiled with NVRTC on the CPU (cache in out_dir/cache) next to the
+    unpatched genome of the same genes: if every dtype's kernel is binary-identical (binary.identity), the
+    recording's result for those genes answers, saying so in its message; a compiler rejection is compile_error
+    with the real log; any other binary is not_recorded. Without compile_patches, patched genomes are not_recorded.
+    """
 
     def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
-                 recording: str | None = None):
+                 recording: str | None = None, compile_patches: bool = True):
         self.problem, self.cases = problem, tuple(cases)
         self.rec = choose_recording(problem, cases, recording)
         if self.rec.header["baseline"] != baseline:
@@ -55,24 +65,78 @@ class ReplayEvaluator:
               "copy_gbps": f"{float(self.rec.header.get('copy_gbps', 0)):.0f}"}
         self.info = EvaluatorInfo("replay", self.rec.label, fp)
         self.restarts = 0
+        self.dtypes = sorted({c.dtype for c in self.cases})
+        self.compile_patches = compile_patches
+        self.cache_dir = Path(out_dir) / "cache"
+        self._compiler: Compiler | None = None   # started at the first patched genome; unpatched runs never pay
 
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
-        return [self._answer(c) for c in candidates]
+        results = static_check.refusals(self.problem.template(), candidates, "replay")
+        results.update(self._patched([c for c in candidates if c.genome.patch and c.id not in results]))
+        return [results[c.id] if c.id in results else self._answer(c.id, c.id) for c in candidates]
 
-    def _answer(self, cand: Candidate) -> EvalResult:
-        hit = self.rec.entries.get(cand.id)
+    def _patched(self, cands: list[Candidate]) -> dict[str, EvalResult]:
+        """Compile patched genomes and their unpatched twins in one batch, then compare the binaries."""
+        if not cands:
+            return {}
+        if not self.compile_patches:
+            return {c.id: self._unanswered(c.id, "a patched genome; compile_patches is off") for c in cands}
+        try:
+            self._compiler = self._compiler or Compiler(self.cache_dir)
+        except ToolchainError as exc:
+            return {c.id: self._unanswered(c.id, f"a patched genome, and it cannot be compiled here: {exc}")
+                    for c in cands}
+        jobs = {}
+        for cand in cands:
+            plain = Candidate(Genome.of(cand.genome.gene_dict))
+            for c in (cand, plain) if plain.id in self.rec.entries else (cand,):
+                jobs.update({job.key: job for job in self._jobs(c)})
+        outputs = {out.key: out for out in self._compiler.compile_many(jobs.values())}
+        return {c.id: self._compare(c, outputs) for c in cands}
+
+    def _jobs(self, cand: Candidate) -> list[CompileJob]:
+        return [CompileJob(self._key(cand.genome, dt), render.render(self.problem, cand, dt), f"{cand.id}-{dt}.cu")
+                for dt in self.dtypes]
+
+    def _key(self, genome: Genome, dtype: str) -> str:
+        assert self._compiler is not None
+        return self._compiler.key(render.body(self.problem, genome, dtype))
+
+    def _compare(self, cand: Candidate, outputs: Mapping[str, CompileOutput]) -> EvalResult:
+        mine = {dt: outputs[self._key(cand.genome, dt)] for dt in self.dtypes}
+        build = {dt: out.info for dt, out in mine.items()}
+        failed = [dt for dt, out in mine.items() if out.error is not None]
+        if failed:
+            return EvalResult(cand.id, Status.COMPILE_ERROR, build=build, evaluator="replay",
+                              message=f"{failed[0]}: {mine[failed[0]].error}"[:4000])
+        plain = Genome.of(cand.genome.gene_dict)
+        twins = {dt: outputs.get(self._key(plain, dt)) for dt in self.dtypes}
+        if all(t is not None and t.cubin is not None and binary.identity(t.cubin) == binary.identity(mine[dt].cubin)
+               for dt, t in twins.items()):
+            recorded = self._answer(plain.id, cand.id)
+            note = f"replayed: binary-identical to recorded genome {plain.id}"
+            return dataclasses.replace(recorded, message="; ".join(filter(None, (note, recorded.message))))
+        return dataclasses.replace(self._unanswered(cand.id, "no recorded measurement for this binary"), build=build)
+
+    def _unanswered(self, cid: str, why: str) -> EvalResult:
+        return EvalResult(cid, Status.NOT_RECORDED, evaluator="replay", message=why)
+
+    def _answer(self, genome_id: str, cid: str) -> EvalResult:
+        """The recording's result for genome_id, reported as candidate cid's."""
+        hit = self.rec.entries.get(genome_id)
         if hit is None:
-            return EvalResult(cand.id, Status.NOT_RECORDED, evaluator="replay",
-                              message="this genome is not in the recording (a patched or out-of-space genome)")
+            return self._unanswered(cid, "this genome is not in the recording (an out-of-space genome)")
         _, rec = hit
         if rec.status is not Status.OK:
-            return EvalResult(cand.id, rec.status, build=rec.build, message=rec.message, evaluator="replay",
+            return EvalResult(cid, rec.status, build=rec.build, message=rec.message, evaluator="replay",
                               gpu_s=rec.gpu_s, baseline_us=self.baseline_us)
         times = {c.key: rec.times_us[c.key] for c in self.cases}
         gbps = {k: self.problem.bytes_moved(Case.parse(k)) / (t * 1e-6) / 1e9 for k, t in times.items()}
-        return EvalResult(cand.id, Status.OK, geomean_speedup(times, self.baseline_us), times,
+        return EvalResult(cid, Status.OK, geomean_speedup(times, self.baseline_us), times,
                           {k: rec.iqr_us.get(k, 0.0) for k in times}, self.baseline_us, gbps, rec.build,
                           "", "replay", rec.gpu_s)
 
     def close(self) -> None:
-        pass
+        if self._compiler is not None:
+            self._compiler.close()
+            self._compiler = None

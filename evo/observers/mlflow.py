@@ -47,6 +47,10 @@ UI_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 # Generations between lineage drawings on the parent run (lineage/), and one more at the end.
 LINEAGE_EVERY = 3
 
+# The note an LLM operator leaves on its child: agent, model, tokens, cost and latency of the call (no key in it).
+LLM_USAGE_NOTE = "llm/usage.json"
+LLM_FIGURES = ("prompt_tokens", "completion_tokens", "cost_usd", "latency_s")
+
 # Metric, param and tag names may hold alphanumerics, _ - . / and space everywhere. MLflow also takes ":" except on
 # Windows, but an unquoted ":" breaks a search filter (`metrics.time_us.bfloat16:32768x256 < 6` is rejected), so a
 # case key "bfloat16:32768x256" becomes "bfloat16_32768x256": valid everywhere and queryable without backticks.
@@ -142,6 +146,12 @@ def _metrics(values: Mapping[str, float], step: int) -> list[Metric]:
     return [Metric(safe_key(k), float(v), now, step) for k, v in values.items()]
 
 
+def llm_usage(candidate: Candidate) -> dict[str, Any]:
+    """The LLM call behind a candidate ({} for the others): {agent, model, prompt_tokens, ...}."""
+    text = candidate.notes.get(LLM_USAGE_NOTE)
+    return json.loads(text) if text else {}
+
+
 def candidate_metrics(generation: int, result: EvalResult) -> dict[str, float]:
     """Everything numeric about one evaluation: fitness, per-case times and bandwidth, ptxas facts per dtype."""
     values: dict[str, float] = {"fitness": result.fitness, "generation": generation, "gpu_s": result.gpu_s}
@@ -209,6 +219,9 @@ class MlflowObserver:
         self.seen: list[tuple[Candidate, EvalResult]] = []   # every result so far, for the lineage
         self.logged: set[str] = set()     # on resume: candidates whose child runs are complete already
         self.last_generation = -1         # on resume: the last generation whose metrics are logged
+        # LLM calls' figures, this generation's and the run's (added up on the loop's thread).
+        self.llm_generation = dict.fromkeys(LLM_FIGURES, 0.0)
+        self.llm_run = dict.fromkeys(LLM_FIGURES, 0.0)
 
     def on_start(self, run: RunInfo) -> None:
         self.run = run
@@ -217,11 +230,17 @@ class MlflowObserver:
 
     def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
         self.seen.extend(results)
+        for usage in filter(None, (llm_usage(c) for c, _ in results)):
+            for figure in LLM_FIGURES:
+                self.llm_generation[figure] += usage[figure]
+                self.llm_run[figure] += usage[figure]
         for candidate, result in results:
             self.writer.submit(functools.partial(self._log_candidate, generation, candidate, result))
 
     def on_generation(self, stats: GenerationStats) -> None:
-        self.writer.submit(functools.partial(self._log_generation, stats))
+        llm = {f"llm_{k}": v for k, v in self.llm_generation.items()}
+        self.llm_generation = dict.fromkeys(LLM_FIGURES, 0.0)
+        self.writer.submit(functools.partial(self._log_generation, stats, llm))
         self.writer.drain()
         if stats.generation and stats.generation % LINEAGE_EVERY == 0:
             # Queued after the drain, so the drawing overlaps the next generation's evaluation.
@@ -232,7 +251,8 @@ class MlflowObserver:
             return
         best_id = summary.best[0].id if summary.best else None
         self.writer.submit(functools.partial(self._log_lineage, tuple(self.seen), best_id))
-        self.writer.submit(functools.partial(self._finish, summary))
+        self.writer.submit(functools.partial(self._finish, summary, {f"llm_{k}_total": v
+                                                                     for k, v in self.llm_run.items()}))
         self.writer.close()
         if self.writer.first_error is not None:
             err = self.writer.first_error
@@ -296,12 +316,16 @@ class MlflowObserver:
                 "kf.candidate_id": candidate.id, "kf.parent_ids": ",".join(candidate.parents),
                 "kf.operator": candidate.operator, "kf.generation": str(generation),
                 "kf.status": result.status.value, "kf.evaluator": self.run.evaluator.kind}
+        usage = llm_usage(candidate)
+        if usage:
+            tags |= {"kf.llm_agent": usage["agent"], "kf.llm_model": usage["model"]}
         run_id = self.client.create_run(self.experiment_id, run_name=f"cand-{candidate.id}",
                                         tags=_tags(tags)).info.run_id
         try:
             params = {f"gene.{name}": str(value) for name, value in candidate.genome.genes}
             params["patch"] = ",".join(name for name, _ in candidate.genome.patch) or "none"
-            self._log_batch(run_id, _metrics(candidate_metrics(generation, result), 0), _params(params))
+            values = candidate_metrics(generation, result) | {f"llm.{k}": usage[k] for k in LLM_FIGURES if usage}
+            self._log_batch(run_id, _metrics(values, 0), _params(params))
             for name, text in self._candidate_files(candidate, result):
                 self.client.log_text(run_id, text, name)
         except Exception:
@@ -311,7 +335,8 @@ class MlflowObserver:
         self.client.set_terminated(run_id, status="FINISHED")
 
     def _candidate_files(self, candidate: Candidate, result: EvalResult) -> Iterator[tuple[str, str]]:
-        for dtype in result.build or self.dtypes:
+        # An operator-known failure's patch holds text that is not code (an edit that did not apply): no kernel.
+        for dtype in (result.build or self.dtypes) if candidate.failure is None else ():
             yield f"kernel-{dtype}.cu", render.render(self.problem, candidate, dtype)
             if dtype in result.build and result.build[dtype].log:
                 yield f"compile-{dtype}.log", result.build[dtype].log
@@ -319,7 +344,7 @@ class MlflowObserver:
             yield "message.txt", result.message
         yield from candidate.notes.items()   # e.g. an LLM operator's llm/prompt.md, llm/reply.md, llm/diff.patch
 
-    def _log_generation(self, stats: GenerationStats) -> None:
+    def _log_generation(self, stats: GenerationStats, llm: Mapping[str, float]) -> None:
         if stats.generation <= self.last_generation:
             return
         # Every status gets a point each generation (0 when absent), so the count curves have no gaps.
@@ -329,6 +354,7 @@ class MlflowObserver:
         values.update({f"count_{status}": n for status, n in counts.items()})
         values.update({f"op_prob.{name}": p for name, p in stats.operator_probs.items()})
         values["lessons"] = stats.lessons
+        values.update(llm)
         self._log_batch(self.parent_id, _metrics(values, stats.generation))
 
     def _log_lineage(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> None:
@@ -338,10 +364,10 @@ class MlflowObserver:
             lineage.render(lineage.build(results, self.run.run_id, best_id), tmp)
             self.client.log_artifacts(self.parent_id, tmp, "lineage")
 
-    def _finish(self, summary: RunSummary) -> None:
+    def _finish(self, summary: RunSummary, llm: Mapping[str, float]) -> None:
         best = summary.best
         values = {"final_best_fitness": best[1].fitness if best else 0.0, "evaluations_total": summary.evaluations,
-                  "gpu_s_total": summary.gpu_s, "wall_s_total": summary.wall_s}
+                  "gpu_s_total": summary.gpu_s, "wall_s_total": summary.wall_s, **llm}
         tags = {"kf.stop_reason": summary.stop_reason, "kf.best_candidate_id": best[0].id if best else "none"}
         self._log_batch(self.parent_id, _metrics(values, summary.generations),
                         tags=[RunTag(k, v) for k, v in _tags(tags).items()])
