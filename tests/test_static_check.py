@@ -65,6 +65,7 @@ ACCEPTED = [  # near misses of the rules above
     ("second_pass", '// extern "C", printf, fopen and %clock are fine in a comment\n'),
     ("second_pass", "/* std::cout << clock(); */\n"),
     ("second_pass", 'unsigned l; asm("mov.u32 %0, %%laneid;" : "=r"(l));\n'),
+    ("second_pass", "const int warpid = threadIdx.x / 32; (void)warpid;\n"),
     ("second_pass", 'asm volatile("{\\n .reg .pred p;\\n }" ::: "memory");\n'),
     ("second_pass", "if (rstd > 0.f) { yr[0] = xr[0]; }\n"),
     ("second_pass", "#if REDUCE == REDUCE_SHFL\nif (lane) { }\n#else\nif (!lane) { }\n#endif\n"),
