@@ -3,39 +3,34 @@ loop and Kernel Tuner's GA, on the recorded H200 space (`python -m kernel_factor
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import importlib.util
 import inspect
-import json
 import math
 import os
 import random
 import sys
 import tempfile
 import time
-import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
-
-import numpy as np
+from typing import Any, Mapping, Sequence
 
 from kernel_factory.evo import build, config
 from kernel_factory.evo.loop import evolve
 from kernel_factory.evo.evaluate.replay import ReplayEvaluator
 from kernel_factory.evo.history import History, Record
 from kernel_factory.evo.protocols import GenerationStats, RunInfo, RunSummary
-from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, GeneValue, Genome
+from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, Genome
 from kernel_factory.evo.variation import Proposer
+from kernel_factory.evo.efficiency_kt import KT_GA_DEFAULTS, kt_space_size, kt_trial, write_kt_cache
 
 PROBLEM = "rmsnorm_fwd"
 TARGET = 0.99                 # a hit: fitness >= 99% of the space's optimum
 PRIOR_EVALUATIONS = 96        # loop-full starts from one earlier run of this size ("the second run of a problem")
 PRIOR_SEED_OFFSET = 1000      # the earlier run's seed, so that it is not the same run
-KT_GA_DEFAULTS = "popsize 26, maxiter 90, single_point crossover, mutation_chance 55, constraint_aware True"
 
 # Loop variants: search settings, and whether the run starts from an earlier run's results.
 COLD: dict[str, Any] = {"policy": "static", "lessons": False, "surrogate": {"enabled": False},
@@ -170,93 +165,11 @@ def loop_trial(method: str, seed: int, budget: int) -> Trial:
     return Trial(tuple(c.id for c, _ in pairs), tuple(c.id for c, _ in prior))
 
 
-def kt_tune_params(space: GeneSpace) -> dict[str, list[GeneValue]]:
-    return {g.name: list(g.choices) for g in space.genes}
-
-
-def kt_key(values: Sequence[GeneValue]) -> str:
-    """Kernel Tuner's cache key: str() of each parameter value, in tune_params order, joined by commas."""
-    return ",".join(str(v) for v in values)
-
-
-def kt_restriction(space: GeneSpace) -> Callable[[Mapping[str, GeneValue]], bool]:
-    """Our feasibility rule as a Kernel Tuner restriction: a function of the parameter dict. A def, not a lambda:
-    KT rewrites lambdas from their source text into expressions, which this one is not."""
-    def feasible(params: Mapping[str, GeneValue]) -> bool:
-        return space.why_infeasible(dict(params)) is None
-    return feasible
-
-
-def kt_cache(land: Landscape) -> dict[str, Any]:
-    """The recording as a Kernel Tuner cache file. KT minimises `time`; time = 1 / fitness (the geomean over
-    the benchmark shapes of candidate / baseline time), so its best entry is our optimum and "within 1%" keeps
-    its meaning. Infeasible genomes are absent: the restriction keeps KT from ever asking for them."""
-    params = kt_tune_params(land.space)
-    entries = {}
-    for gid, genome in land.genomes.items():
-        genes = genome.gene_dict
-        values = [genes[name] for name in params]
-        entries[kt_key(values)] = {**dict(zip(params, values)), "time": 1.0 / land.fitness[gid],
-                                   "fitness": land.fitness[gid]}
-    # problem_size is not used in simulation mode; our fitness spans 11 shapes, which one size cannot name
-    return {"device_name": land.device, "kernel_name": land.kernel_name, "problem_size": [1],
-            "tune_params_keys": list(params), "tune_params": params, "objective": "time", "cache": entries}
-
-
-def write_kt_cache(land: Landscape, path: Path) -> Path:
-    path.write_text(json.dumps(kt_cache(land)))
-    return path
-
-
-def kt_space_size(land: Landscape) -> tuple[int, int]:
-    """(configurations in Kernel Tuner's search space under our restriction, how many of them the cache holds)."""
-    from kernel_tuner.searchspace import Searchspace
-    params = kt_tune_params(land.space)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        configs = Searchspace(params, [kt_restriction(land.space)], max_threads=10**9).list
-    cached = set(kt_cache(land)["cache"])
-    return len(configs), sum(kt_key(c) in cached for c in configs)
-
-
-@contextlib.contextmanager
-def seeded_globals(seed: int) -> Iterator[None]:
-    """Kernel Tuner's strategies draw from the global `random` and `numpy.random`; seed both for the call and
-    restore them afterwards."""
-    py_state, np_state = random.getstate(), np.random.get_state()
-    random.seed(seed)
-    np.random.seed(seed)
-    try:
-        yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-
-
-def kt_trial(land: Landscape, cache_path: Path, seed: int, budget: int) -> Trial:
-    """Kernel Tuner's genetic_algorithm in simulation mode on the exported cache, with its default options.
-
-    KT's simulation runner charges one evaluation the first time it serves a configuration and none for a repeat
-    (SimulationRunner.visited_results); the results it returns list repeats too, so the distinct configurations
-    in the order returned are exactly the evaluations it charged."""
-    import kernel_tuner
-    params = kt_tune_params(land.space)
-    ids = {kt_key([g.gene_dict[n] for n in params]): gid for gid, g in land.genomes.items()}
-    with seeded_globals(seed), warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # "no parameter names a thread block dimension": nothing is launched
-        results, _ = kernel_tuner.tune_kernel(
-            land.kernel_name, "", [1], [], params, restrictions=[kt_restriction(land.space)],
-            cache=str(cache_path), simulation_mode=True, strategy="genetic_algorithm",
-            strategy_options={"max_fevals": budget}, quiet=True)
-    order = [ids[kt_key([r[n] for n in params])] for r in results if "__error__" not in r]
-    return Trial(tuple(dict.fromkeys(order)))
-
-
 def trial(method: str, seed: int, budget: int, cache_path: Path) -> Trial:
     if method == "random":
         return random_trial(landscape(), seed)
     if method == "kt-ga":
-        return kt_trial(landscape(), cache_path, seed, budget)
+        return Trial(kt_trial(landscape(), cache_path, seed, budget))
     return loop_trial(method, seed, budget)
 
 

@@ -60,4 +60,4 @@ def test_kt_ga_is_seeded_and_spends_its_budget(land, tmp_path):
     path = efficiency.write_kt_cache(land, tmp_path / "kt.json")
     a, b, c = (efficiency.kt_trial(land, path, seed, 60) for seed in (0, 0, 1))
     assert a == b and a != c
-    assert len(a.order) == 60 and set(a.order) <= set(land.genomes)
+    assert len(a) == 60 and set(a) <= set(land.genomes)
