@@ -18,13 +18,22 @@ SHAPE_SETS = ("benchmark", "correctness", "heldout")
 class Launch:
     """How to launch one compiled kernel on one case: grid, block, dynamic shared memory and arguments.
 
-    args holds torch tensors (passed as device pointers) and numpy scalars (passed by value, typed).
+    args holds torch tensors (passed as device pointers) and numpy scalars (passed by value, typed). `kernel` names
+    the extern "C" entry to launch ("" is the problem's kernel_name); `cluster` asks for a thread-block cluster
+    (sm_90). Dynamic shared memory above 48 KB is allowed up to the device's opt-in limit.
     """
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int
     args: tuple[Any, ...]
+    kernel: str = ""
+    cluster: tuple[int, int, int] | None = None
+
+
+def launch_steps(plan: "Launch | Sequence[Launch]") -> tuple[Launch, ...]:
+    """A problem's launch plan as a sequence: one Launch, or several run in order on the same stream."""
+    return (plan,) if isinstance(plan, Launch) else tuple(plan)
 
 
 class MissingBaseline(Exception):
@@ -63,8 +72,10 @@ class Problem(Protocol):
         """The expected outputs, computed in torch with fp32 (or better) accumulation, keyed like make_outputs."""
 
     def launch(self, genes: Mapping[str, GeneValue], case: Case, inputs: Mapping[str, Any],
-               outputs: Mapping[str, Any]) -> Launch:
-        """Grid, block and arguments for the kernel compiled from `genes`."""
+               outputs: Mapping[str, Any]) -> Launch | Sequence[Launch]:
+        """Grid, block and arguments for the kernel compiled from `genes`; several Launches run in order (e.g. a
+        main kernel and a final reduction). Scratch buffers belong in make_outputs (only reference keys are
+        compared)."""
 
     def baseline(self, name: str, case: Case, inputs: Mapping[str, Any]) -> Callable[[], Mapping[str, Any]]:
         """A zero-argument callable that computes the outputs with baseline `name`; raises MissingBaseline."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 import time
 import traceback
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from kernel_factory.evo import registry
-from kernel_factory.evo.evaluate import measure
+from kernel_factory.evo.evaluate import launcher, measure
 from kernel_factory.evo.protocols import Launch, Problem
 from kernel_factory.evo.types import Case, Status
 
@@ -60,11 +60,8 @@ class Bench:
             self._bench_io[case.key] = (inputs, self.problem.make_outputs(case, "cuda"))
         return self._bench_io[case.key]
 
-    def launcher(self, kernel: Any, plan: Launch):
-        from cuda.core import LaunchConfig, launch
-        cfg = LaunchConfig(grid=plan.grid, block=plan.block, shmem_size=plan.shared_bytes)
-        args = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a for a in plan.args)
-        return lambda: launch(self.stream, cfg, kernel, *args)
+    def launcher(self, module: launcher.Module, plan: Launch | Sequence[Launch]):
+        return launcher.launcher(self.stream, module, plan)
 
     def sync(self) -> None:
         try:
@@ -120,10 +117,9 @@ class Bench:
         return out
 
     def evaluate(self, req: Mapping[str, Any]) -> dict[str, Any]:
-        from cuda.core import ObjectCode
         p = self.problem
         genes = req["genes"]
-        kernels = {dt: ObjectCode.from_cubin(cubin).get_kernel(p.kernel_name) for dt, cubin in req["cubins"].items()}
+        kernels = {dt: launcher.Module(cubin, p.kernel_name) for dt, cubin in req["cubins"].items()}
         rng = random.Random(req["seed"])
         for case in self.check_cases:
             for _ in range(self.check_seeds):

@@ -1,0 +1,73 @@
+"""Launch a problem's plan from a loaded cubin with cuda.core: one or several kernels in order, on torch's current
+stream, with thread-block clusters and dynamic shared memory above the 48 KB default. Shared by the GPU worker,
+the bench command and the exported library ops. Needs a GPU; imported lazily."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from kernel_factory.evo.protocols import Launch, launch_steps
+
+DEFAULT_DYNAMIC_SMEM = 48 * 1024
+
+
+class Module:
+    """One loaded cubin: kernels looked up by name once, opt-in shared memory raised once per kernel."""
+
+    def __init__(self, cubin: bytes, default_kernel: str):
+        from cuda.core import ObjectCode
+        self.code = ObjectCode.from_cubin(cubin)
+        self.default_kernel = default_kernel
+        self._kernels: dict[str, Any] = {}
+        self._smem: dict[str, int] = {}
+
+    def kernel(self, name: str) -> Any:
+        name = name or self.default_kernel
+        if name not in self._kernels:
+            self._kernels[name] = self.code.get_kernel(name)
+        return self._kernels[name]
+
+    def allow_shared(self, name: str, nbytes: int) -> None:
+        """Raise the kernel's dynamic shared memory limit to nbytes (needed above 48 KB)."""
+        name = name or self.default_kernel
+        if nbytes <= max(DEFAULT_DYNAMIC_SMEM, self._smem.get(name, 0)):
+            return
+        set_max_dynamic_shared(self.kernel(name), nbytes)
+        self._smem[name] = nbytes
+
+
+def set_max_dynamic_shared(kernel: Any, nbytes: int) -> None:
+    from cuda.bindings import driver
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = kernel.handle
+    if isinstance(handle, driver.CUkernel):
+        err, dev = driver.cuCtxGetDevice()
+        (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, dev)
+    else:
+        (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cannot allow {nbytes} B of dynamic shared memory: {err.name}")
+
+
+def launcher(stream: Any, module: Module, plan: Launch | Sequence[Launch]) -> Callable[[], None]:
+    """A zero-argument callable that enqueues every step of the plan on `stream` (a cuda.core Stream)."""
+    from cuda.core import LaunchConfig, launch
+    calls = []
+    for step in launch_steps(plan):
+        module.allow_shared(step.kernel, step.shared_bytes)
+        extra = {"cluster": step.cluster} if step.cluster else {}
+        cfg = LaunchConfig(grid=step.grid, block=step.block, shmem_size=step.shared_bytes, **extra)
+        args = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a for a in step.args)
+        calls.append((cfg, module.kernel(step.kernel), args))
+
+    def run() -> None:
+        for cfg, kernel, args in calls:
+            launch(stream, cfg, kernel, *args)
+    return run
+
+
+def torch_stream() -> Any:
+    """torch's current CUDA stream as a cuda.core Stream (cuda.core and torch share the primary context)."""
+    import torch
+    from cuda.core import Device, Stream
+    Device(torch.cuda.current_device()).set_current()
+    return Stream.from_handle(torch.cuda.current_stream().cuda_stream)
