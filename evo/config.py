@@ -49,6 +49,8 @@ class SearchConfig:
     tournament_size: int = 3
     elitism: int = 2                      # best candidates always kept in the next population
     hall_of_fame: int = 5
+    per_case_elites: bool = False         # also keep the fastest candidate of every benchmark case (per-shape search)
+    finalists: int = 3                    # hall-of-fame members re-timed at the end, interleaved with the baseline
     init_random: float = 1.0              # share of the first population drawn at random (rest: template defaults)
     policy: str = "bandit"                # operator choice: "static" (config weights) or "bandit" (UCB1 on credit)
     lessons: bool = True                  # forbid or down-weight gene values that history shows fail or never help
@@ -222,6 +224,8 @@ def _check_ranges(cfg: RunConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"config key '{key}' must be >= 1, got {value}")
+    if s.finalists < 0:
+        raise ConfigError(f"config key 'search.finalists' must be >= 0, got {s.finalists}")
     if not 0 <= s.elitism <= s.population:
         raise ConfigError(f"config key 'search.elitism' must be between 0 and search.population, got {s.elitism}")
     if not 0.0 <= s.init_random <= 1.0:

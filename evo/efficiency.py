@@ -85,7 +85,7 @@ def landscape() -> Landscape:
     fitness = {r.candidate_id: r.fitness for r in evaluator.evaluate([Candidate(g) for g in genomes.values()])}
     optimum = max(fitness.values())
     gpu = rec.header.get("fingerprint", {}).get("gpu", "GPU")
-    return Landscape(run.problem.space, genomes, fitness, rec.label, gpu, run.problem.kernel_name, optimum,
+    return Landscape(evaluator.space, genomes, fitness, rec.label, gpu, run.problem.kernel_name, optimum,
                      TARGET * optimum)
 
 
@@ -153,7 +153,8 @@ def run_loop(seed: int, search: Mapping[str, Any], budget: int,
     history = History([Record.of(c, r, f"prior-{seed}") for c, r in prior])
     seeds = [r.genome for r in history.best(cfg.search.warm_start.count)] if cfg.search.warm_start.enabled else []
     observer = OrderObserver()
-    evolve(run.problem.space, Proposer(run.problem.space, run.operators, cfg.search), replay()[1], [observer],
+    space = replay()[1].space
+    evolve(space, Proposer(space, run.operators, cfg.search), replay()[1], [observer],
            cfg.search, random.Random(seed), f"efficiency-{seed}", history, seeds)
     return observer.pairs
 

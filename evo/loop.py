@@ -15,14 +15,14 @@ import random
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from deap import base, tools
 
 from kernel_factory.evo.config import SearchConfig
 from kernel_factory.evo.history import History, Record
-from kernel_factory.evo.protocols import Evaluator, GenerationStats, Observer, RunSummary
+from kernel_factory.evo.protocols import Evaluator, GenerationStats, Observer, RunSummary, throughput
 from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, Genome, Status
 from kernel_factory.evo.variation import Proposer, initial_population, seeded_global_random
 
@@ -101,8 +101,30 @@ class RunState:
     def summary(self, generation: int, stop: str) -> RunSummary:
         hof = [(i.candidate, i.result) for i in self.hof]
         best = hof[0] if hof and hof[0][1].fitness > 0 else None
+        results = [i.result for i in self.seen.values()]
         return RunSummary(self.run_id, generation, len(self.seen), stop, time.monotonic() - self.budget.started,
-                          sum(i.result.gpu_s for i in self.seen.values()), best, tuple(hof), tuple(self.logbook))
+                          sum(r.gpu_s for r in results), best, tuple(hof), tuple(self.logbook),
+                          timed_per_gpu_minute=throughput(results))
+
+    def elite(self, pool: list[Individual]) -> list[Individual]:
+        """The best by fitness, plus (per-case elites) the fastest correct candidate of every benchmark case."""
+        elite = tools.selBest(pool, self.search.elitism)
+        if self.search.per_case_elites:
+            for case in sorted({k for i in pool for k in i.result.times_us}):
+                timed = [i for i in pool if case in i.result.times_us]
+                champion = min(timed, key=lambda i: i.result.times_us[case])
+                if champion not in elite:
+                    elite.append(champion)
+        return elite[:self.search.population]
+
+
+def case_champions(individuals: Sequence[Individual]) -> list[Candidate]:
+    """The fastest correct candidate of each benchmark case, in case order, without repeats."""
+    out: dict[str, Candidate] = {}
+    for case in sorted({k for i in individuals for k in i.result.times_us}):
+        best = min((i for i in individuals if case in i.result.times_us), key=lambda i: i.result.times_us[case])
+        out.setdefault(best.candidate.id, best.candidate)
+    return list(out.values())
 
 
 def evolve(space: GeneSpace, proposer: Proposer, evaluator: Evaluator, observers: Sequence[Observer],
@@ -122,10 +144,22 @@ def evolve(space: GeneSpace, proposer: Proposer, evaluator: Evaluator, observers
             stop = "space_exhausted"
             break
         pool = population + state.evaluate(children, generation)
-        elite = tools.selBest(pool, search.elitism)
+        elite = state.elite(pool)
         rest = [ind for ind in pool if ind not in elite]
         with seeded_global_random(rng):
             population = elite + tools.selTournament(rest, search.population - len(elite), search.tournament_size)
         state.close_generation(generation, population)
         stop = state.budget.spent(generation, len(state.seen))
-    return state.summary(generation, stop)
+    summary = state.summary(generation, stop)
+    return replace(summary, finalists=retime_finalists(evaluator, state, search))
+
+
+def retime_finalists(evaluator: Evaluator, state: RunState, search: SearchConfig) -> tuple:
+    """Re-time the top of the hall of fame (and, per case, each case's champion) where the evaluator can."""
+    retime = getattr(evaluator, "retime", None)
+    if retime is None or search.finalists == 0:
+        return ()
+    chosen = [i.candidate for i in list(state.hof)[:search.finalists] if i.result.fitness > 0]
+    if search.per_case_elites:
+        chosen += [c for c in case_champions(list(state.seen.values())) if c not in chosen]
+    return tuple(retime(chosen))

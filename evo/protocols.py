@@ -192,6 +192,17 @@ class RunSummary:
     hall_of_fame: tuple[tuple[Candidate, EvalResult], ...]
     logbook: tuple[Mapping[str, Any], ...] = ()   # one row per generation (DEAP Logbook)
     lessons: str = ""               # the lessons document (markdown), with operator credit
+    finalists: tuple[Mapping[str, Any], ...] = ()  # re-timed against the baseline, interleaved (GPU runs only)
+    timed_per_gpu_minute: float = 0.0  # candidates checked and timed on the GPU per GPU-minute (reuses not counted)
+
+
+def throughput(results: Sequence[EvalResult]) -> float:
+    """Candidates that the GPU gated and timed, per minute of GPU-worker time spent on all of them. Answers reused
+    from a cache (identical binaries, a resumed journal) and replayed results count for nothing."""
+    live = [r for r in results if r.evaluator == "gpu" and r.gpu_s > 0]
+    gpu_s = sum(r.gpu_s for r in live)
+    timed = sum(1 for r in live if r.times_us)
+    return timed / (gpu_s / 60) if gpu_s > 0 else 0.0
 
 
 @runtime_checkable

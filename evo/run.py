@@ -39,6 +39,10 @@ class JournalCache:
     def __init__(self, inner: Evaluator, known: dict[str, EvalResult]):
         self.inner, self.known = inner, known
         self.info: EvaluatorInfo = inner.info
+        if hasattr(inner, "space"):
+            self.space = inner.space
+        if hasattr(inner, "retime"):
+            self.retime = inner.retime
 
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
         todo = [c for c in candidates if c.id not in self.known]
@@ -86,12 +90,13 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     info = RunInfo(run_id, run.problem.name, cfg.seed, resolved.to_json(),
                    replace(evaluator.info, fingerprint=fingerprint), run.cases, cfg.out_dir, key,
                    tuple(g.id for g in seeds), len(prior), resume)
-    proposer = Proposer(run.problem.space, run.operators, cfg.search, run.problem, fingerprint)
+    space = getattr(evaluator, "space", run.problem.space)   # a replay searches what its recording covers
+    proposer = Proposer(space, run.operators, cfg.search, run.problem, fingerprint)
     summary = None
     try:
         for obs in observers:
             obs.on_start(info)
-        summary = evolve(run.problem.space, proposer, evaluator, observers, cfg.search, random.Random(cfg.seed),
+        summary = evolve(space, proposer, evaluator, observers, cfg.search, random.Random(cfg.seed),
                          run_id, history, seeds)
         summary = replace(summary, lessons=to_markdown(
             proposer.lessons, run.problem.name, fingerprint.get("gpu", "?"), len(history.records()),

@@ -27,6 +27,7 @@ class Status(str, enum.Enum):
     INVALID_PATCH = "invalid_patch"  # a code edit that does not apply (SEARCH not found, unknown region, no edit)
     REJECTED = "rejected"            # a code edit the static check refused (host code, includes, clocks, ...)
     LLM_ERROR = "llm_error"          # the model endpoint failed (timeout, errors after retries, budget spent)
+    SUSPECT = "suspect"              # correct, but timed faster than the roofline allows even after a re-check
 
     @property
     def failed(self) -> bool:
@@ -93,6 +94,17 @@ class GeneSpace:
 
     def size(self) -> int:
         return math.prod(len(g.choices) for g in self.genes)
+
+    def restricted(self, choices: Mapping[str, tuple[GeneValue, ...]]) -> "GeneSpace":
+        """The same space with some genes limited to the given choices (e.g. what a recording covers); a gene
+        whose default is not kept gets its first kept choice as default."""
+        genes = []
+        for g in self.genes:
+            keep = tuple(v for v in g.choices if v in choices.get(g.name, g.choices))
+            if not keep:
+                raise ValueError(f"gene {g.name}: none of {choices[g.name]!r} is one of {g.choices}")
+            genes.append(Gene(g.name, keep, g.default if g.default in keep else keep[0], g.kind, g.doc))
+        return GeneSpace(tuple(genes), self.rule)
 
     def enumerate(self) -> Iterator[dict[str, GeneValue]]:
         """Every feasible assignment, in a fixed order (choices in declared order, last gene fastest)."""
@@ -229,13 +241,17 @@ class EvalResult:
     message: str = ""
     evaluator: str = ""
     gpu_s: float = 0.0
+    flags: tuple[str, ...] = ()      # facts that do not fail a candidate but must be seen (binary contradicts genes)
 
     def to_json(self) -> dict[str, Any]:
-        return {"candidate_id": self.candidate_id, "status": self.status.value, "fitness": self.fitness,
-                "times_us": dict(self.times_us), "iqr_us": dict(self.iqr_us),
-                "baseline_us": dict(self.baseline_us), "gbps": dict(self.gbps),
-                "build": {k: v.to_json() for k, v in self.build.items()}, "message": self.message,
-                "evaluator": self.evaluator, "gpu_s": self.gpu_s}
+        out = {"candidate_id": self.candidate_id, "status": self.status.value, "fitness": self.fitness,
+               "times_us": dict(self.times_us), "iqr_us": dict(self.iqr_us),
+               "baseline_us": dict(self.baseline_us), "gbps": dict(self.gbps),
+               "build": {k: v.to_json() for k, v in self.build.items()}, "message": self.message,
+               "evaluator": self.evaluator, "gpu_s": self.gpu_s}
+        if self.flags:
+            out["flags"] = list(self.flags)
+        return out
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "EvalResult":
@@ -243,7 +259,8 @@ class EvalResult:
                           dict(data.get("times_us", {})), dict(data.get("iqr_us", {})),
                           dict(data.get("baseline_us", {})), dict(data.get("gbps", {})),
                           {k: BuildInfo(**v) for k, v in data.get("build", {}).items()},
-                          data.get("message", ""), data.get("evaluator", ""), float(data.get("gpu_s", 0.0)))
+                          data.get("message", ""), data.get("evaluator", ""), float(data.get("gpu_s", 0.0)),
+                          tuple(data.get("flags", ())))
 
 
 def geomean_speedup(times_us: Mapping[str, float], baseline_us: Mapping[str, float]) -> float:

@@ -123,7 +123,7 @@ class FakeWorker:
         self.requests: list[str] = []
         self.restarts = 0
 
-    def evaluate(self, request, deadline_s):
+    def ask(self, request, deadline_s):
         self.requests.append(request["id"])
         return {"status": "ok", "times_us": {k: 10.0 for k in self.cases}, "gpu_s": 0.5}
 

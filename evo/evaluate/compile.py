@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import os
 import re
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ class CompileJob:
     key: str
     source: str
     name: str          # file name shown in compiler messages
+    sass: bool = False  # also disassemble the cubin and count its SASS opcodes (in the pool process)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class CompileOutput:
     cubin: bytes | None
     info: BuildInfo
     error: str | None  # the compiler log when compilation failed
+    opcodes: dict[str, int] | None = None  # SASS mnemonic -> count, when the job asked for it and it worked
 
 
 def nvrtc_version() -> str:
@@ -104,7 +107,17 @@ def compile_one(job: CompileJob) -> CompileOutput:
         return CompileOutput(job.key, None, BuildInfo(compile_s=time.perf_counter() - start, log=text), text)
     text = log.getvalue().replace("\x00", "").strip()
     info = BuildInfo(compile_s=time.perf_counter() - start, log=text, **parse_ptxas(text))
-    return CompileOutput(job.key, bytes(obj.code), info, None)
+    cubin = bytes(obj.code)
+    return CompileOutput(job.key, cubin, info, None, count_opcodes(cubin) if job.sass else None)
+
+
+def count_opcodes(cubin: bytes) -> dict[str, int] | None:
+    """SASS opcode counts, or None where cuobjdump is missing or fails (the caller reports that)."""
+    from kernel_factory.evo.evaluate import sass
+    try:
+        return dict(sass.opcodes(sass.disassemble(cubin)))
+    except (sass.SassUnavailable, RuntimeError, OSError, subprocess.SubprocessError):
+        return None
 
 
 class CompileCache:
@@ -125,14 +138,15 @@ class CompileCache:
         except (OSError, ValueError, KeyError):
             return None
         info = BuildInfo(**{**meta["info"], "cached": True})
-        return CompileOutput(key, cubin, info, meta["error"])
+        return CompileOutput(key, cubin, info, meta["error"], meta.get("opcodes"))
 
     def put(self, out: CompileOutput) -> None:
         cubin_path, meta_path = self._paths(out.key)
         cubin_path.parent.mkdir(parents=True, exist_ok=True)
         if out.cubin is not None:
             _atomic_write(cubin_path, out.cubin)
-        _atomic_write(meta_path, json.dumps({"info": out.info.to_json(), "error": out.error}).encode())
+        _atomic_write(meta_path, json.dumps({"info": out.info.to_json(), "error": out.error,
+                                             "opcodes": out.opcodes}).encode())
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -158,7 +172,7 @@ class Compiler:
         pending = []
         for job in jobs:
             hit = self.cache.get(job.key)
-            if hit is not None:
+            if hit is not None and (hit.opcodes is not None or not job.sass or hit.error is not None):
                 yield hit
             else:
                 pending.append(job)

@@ -10,9 +10,10 @@ from typing import Any, Mapping, Sequence
 from kernel_factory.evo.evaluate import binary, render, sass, static_check, worker
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler, CompileOutput
 from kernel_factory.evo.protocols import EvaluatorInfo, Problem
-from kernel_factory.evo.types import (BuildInfo, Candidate, Case, EvalResult, Status, geomean_speedup)
+from kernel_factory.evo.types import BuildInfo, Candidate, Case, EvalResult, Genome, Status, geomean_speedup
 
 ROOFLINE_GBPS = 3000.0     # a deliberately low bandwidth, so that the deadline never cuts a merely slow kernel
+DEADLINE_FACTOR = 10.0     # x the roofline time of everything one evaluation launches
 
 
 def gpu_unavailable_reason() -> str | None:
@@ -58,7 +59,7 @@ class WorkerHandle:
         if msg["op"] != "ready":
             raise WorkerError(f"the GPU worker failed during setup:\n{msg.get('message', msg)}")
         self.ready = msg
-        self.setup = {**self.setup, "baseline_us": msg["baseline_us"]}
+        self.setup = {**self.setup, "baseline_us": msg["baseline_us"], "copy_gbps": msg["copy_gbps"]}
 
     def _kill(self) -> None:
         if self.proc.is_alive():
@@ -71,7 +72,7 @@ class WorkerHandle:
         self.restarts += 1
         self._start()
 
-    def evaluate(self, request: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+    def ask(self, request: dict[str, Any], deadline_s: float) -> dict[str, Any]:
         self.conn.send(request)
         if not self.conn.poll(deadline_s):
             self._restart()
@@ -99,15 +100,18 @@ class WorkerHandle:
 
 class GpuEvaluator:
     """Evaluates on the local GPU. Options (config `evaluator.gpu`): compile_workers, check_seeds, timeout_floor_s,
-    min_reps, max_reps, target_ms.
+    min_reps, max_reps, target_ms, graph_below_us, finalist_reps.
 
     A patched genome passes static_check first (invalid_patch / rejected are never compiled), and its SASS is
     scanned for clock and SM-id reads before it may run. A candidate whose binaries and genes equal those of one
-    this evaluator already ran gets that result (gpu_s 0): duplicates never reach the GPU."""
+    this evaluator already ran gets that result (gpu_s 0): duplicates never reach the GPU. Where the problem
+    declares expected_sass(), every binary is disassembled on the compile pool and a binary that contradicts its
+    genome is flagged. The worker proves itself on the problem's default genome at every (re)start."""
 
     def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
-                 compile_workers: int | None = None, check_seeds: int = 2, timeout_floor_s: float = 30.0,
-                 min_reps: int = 5, max_reps: int = 50, target_ms: float = 1.5):
+                 compile_workers: int | None = None, check_seeds: int = 2, timeout_floor_s: float = 10.0,
+                 min_reps: int = 5, max_reps: int = 50, target_ms: float = 1.5, graph_below_us: float = 0.0,
+                 finalist_reps: int = 100):
         reason = gpu_unavailable_reason()
         if reason:
             raise WorkerError(f"evaluator 'gpu' needs an NVIDIA GPU: {reason}. Use evaluator.kind: replay (or auto)")
@@ -116,12 +120,16 @@ class GpuEvaluator:
         check_shapes = problem.shape_sets["correctness"] + problem.shape_sets["heldout"]
         self.compiler = Compiler(Path(out_dir) / "cache", compile_workers)
         self.timeout_floor_s = timeout_floor_s
-        self.max_reps = max_reps
+        self.max_reps, self.finalist_reps = max_reps, finalist_reps
+        self.want_sass = callable(getattr(problem, "expected_sass", None))
+        known_good = self.known_good()
         self.worker = WorkerHandle({
             "op": "setup", "problem": problem.name, "baseline": baseline, "check_seeds": check_seeds,
             "bench_cases": [c.key for c in self.cases],
             "check_cases": [Case(s, dt).key for dt in self.dtypes for s in check_shapes],
-            "timing": {"min_reps": min_reps, "max_reps": max_reps, "target_ms": target_ms},
+            "timing": {"min_reps": min_reps, "max_reps": max_reps, "target_ms": target_ms,
+                       "graph_below_us": graph_below_us},
+            "known_good": known_good,
         })
         ready = self.worker.ready
         self.baseline_us: dict[str, float] = ready["baseline_us"]
@@ -130,16 +138,33 @@ class GpuEvaluator:
         self.info = EvaluatorInfo("gpu", f"live measurement on {fp['gpu']}", fp)
         self._evaluated = 0
         self.seen = binary.SeenBinaries()
+        self.cubins: dict[str, dict[str, bytes]] = {}
 
-    def deadline_s(self) -> float:
+    def known_good(self) -> dict[str, Any]:
+        """The problem's default genome, compiled: the kernel every worker start must pass the gate with."""
+        cand = Candidate(Genome.of(self.problem.space.defaults()))
+        cubins = self.compiled(cand)
+        if cubins is None:
+            raise WorkerError(f"the problem {self.problem.name!r}'s default genome does not compile")
+        return {"id": "known-good", "genes": cand.genome.gene_dict, "cubins": cubins}
+
+    def compiled(self, cand: Candidate) -> dict[str, bytes] | None:
+        """Binaries of an unpatched-or-patched candidate this evaluator did not run (a resumed run's finalists)."""
+        jobs = self._jobs(cand)
+        outs = {o.key: o for o in self.compiler.compile_many(_unique(jobs))}
+        if any(outs[j.key].error is not None for j in jobs):
+            return None
+        return {dt: outs[j.key].cubin for dt, j in zip(self.dtypes, jobs)}
+
+    def deadline_s(self, reps: int | None = None) -> float:
         roofline_s = sum(self.problem.bytes_moved(c) / (ROOFLINE_GBPS * 1e9) for c in self.cases)
-        return self.timeout_floor_s + 20 * roofline_s * (self.max_reps + 4)
+        return self.timeout_floor_s + DEADLINE_FACTOR * roofline_s * ((reps or self.max_reps) + 8)
 
     def _jobs(self, cand: Candidate) -> list[CompileJob]:
         jobs = []
         for dt in self.dtypes:
             key = self.compiler.key(render.body(self.problem, cand.genome, dt))
-            jobs.append(CompileJob(key, render.render(self.problem, cand, dt), f"{cand.id}-{dt}.cu"))
+            jobs.append(CompileJob(key, render.render(self.problem, cand, dt), f"{cand.id}-{dt}.cu", self.want_sass))
         return jobs
 
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
@@ -175,21 +200,62 @@ class GpuEvaluator:
             result = EvalResult(cand.id, Status.REJECTED, build=build, evaluator="gpu", message=refused)
         else:
             self._evaluated += 1
-            reply = self.worker.evaluate({"op": "eval", "id": cand.id, "genes": cand.genome.gene_dict,
-                                          "cubins": cubins, "seed": hash_seed(self.seed, cand.id, self._evaluated)},
-                                         self.deadline_s())
-            result = self.result(cand.id, reply, build)
+            reply = self.worker.ask({"op": "eval", "id": cand.id, "genes": cand.genome.gene_dict,
+                                     "cubins": cubins, "seed": hash_seed(self.seed, cand.id, self._evaluated)},
+                                    self.deadline_s())
+            result = self.result(cand.id, reply, build, self.sass_flags(cand, outputs))
+            if result.status is Status.OK:
+                self.cubins[cand.id] = cubins
         self.seen.remember(key, result)
         return result
 
-    def result(self, cid: str, reply: Mapping[str, Any], build: Mapping[str, BuildInfo]) -> EvalResult:
+    def sass_flags(self, cand: Candidate, outputs: Mapping[str, CompileOutput]) -> tuple[str, ...]:
+        """Where the binary contradicts the genome: an instruction the genes select that is missing (or one they
+        rule out that is present)."""
+        if not self.want_sass or cand.genome.patch:
+            return ()
+        flags = []
+        for dt, out in outputs.items():
+            if out.opcodes is None:
+                flags.append(f"{dt}: SASS not checked (cuobjdump unavailable or failed)")
+                continue
+            for prefix, present, why in self.problem.expected_sass(cand.genome.gene_dict, dt):
+                found = sum(n for op, n in out.opcodes.items() if op.startswith(prefix))
+                if bool(found) != present:
+                    flags.append(f"{dt}: binary {'lacks' if present else 'has'} {prefix} ({why})")
+        return tuple(flags)
+
+    def result(self, cid: str, reply: Mapping[str, Any], build: Mapping[str, BuildInfo],
+               flags: tuple[str, ...] = ()) -> EvalResult:
         status = Status(reply["status"])
         times = reply.get("times_us", {}) if status is Status.OK else {}
         gbps = {k: self.problem.bytes_moved(Case.parse(k)) / (t * 1e-6) / 1e9 for k, t in times.items()}
         fitness = geomean_speedup(times, {k: self.baseline_us[k] for k in times}) if times else 0.0
+        message = reply.get("message", "")
+        if reply.get("graph_cases"):
+            message = (message + " " if message else "") + f"timed as CUDA graphs: {', '.join(reply['graph_cases'])}"
         return EvalResult(cid, status, fitness, times, reply.get("iqr_us", {}) if times else {},
-                          dict(self.baseline_us), gbps, dict(build), reply.get("message", ""), "gpu",
-                          float(reply.get("gpu_s", 0.0)))
+                          dict(self.baseline_us), gbps, dict(build), message, "gpu",
+                          float(reply.get("gpu_s", 0.0)), flags)
+
+    def retime(self, candidates: Sequence[Candidate]) -> list[dict[str, Any]]:
+        """Finalists: each timed again against the baseline, interleaved sample by sample, finalist_reps times
+        per case. Returns one record per candidate (status, per-case medians and IQRs of both, speedup)."""
+        out = []
+        for cand in candidates:
+            cubins = self.cubins.get(cand.id) or self.compiled(cand)
+            if cubins is None:
+                continue
+            reply = self.worker.ask({"op": "retime", "id": cand.id, "genes": cand.genome.gene_dict,
+                                     "cubins": cubins, "reps": self.finalist_reps},
+                                    self.deadline_s(2 * self.finalist_reps))
+            rec = {"candidate_id": cand.id, "status": reply["status"], "message": reply.get("message", ""),
+                   "reps": self.finalist_reps, "gpu_s": reply.get("gpu_s", 0.0)}
+            if reply["status"] == Status.OK.value:
+                rec.update({k: reply[k] for k in ("times_us", "iqr_us", "baseline_us", "baseline_iqr_us")})
+                rec["speedup"] = geomean_speedup(reply["times_us"], reply["baseline_us"])
+            out.append(rec)
+        return out
 
     @property
     def restarts(self) -> int:

@@ -8,7 +8,7 @@ import math
 import platform
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 FLUSH_BYTES = 256 * 2**20   # more than the H200's 60 MB L2: a flush before each timed call leaves it cold
 
@@ -40,16 +40,21 @@ class Timing:
     median_us: float
     iqr_us: float
     reps: int
+    last: int = 0          # which of the rotated callables ran last (its outputs are the ones left in memory)
+    graph: bool = False    # timed as CUDA-graph replays (no host launch overhead inside the events)
 
 
 @dataclass(frozen=True)
 class TimingPolicy:
-    """How long to time: at least min_reps calls, at most max_reps, aiming at target_ms of kernel time."""
+    """How long to time: at least min_reps calls, at most max_reps, aiming at target_ms of kernel time.
+    Calls whose first estimate is below graph_below_us are captured in a CUDA graph and timed as replays, so
+    that host launch overhead cannot leak into the events (0 disables graphs)."""
 
     min_reps: int = 5
     max_reps: int = 50
     target_ms: float = 1.5
     warmup: int = 2
+    graph_below_us: float = 0.0
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -58,8 +63,16 @@ def quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def summarize(samples_us: list[float], last: int = 0, graph: bool = False) -> Timing:
+    s = sorted(samples_us)
+    return Timing(quantile(s, 0.5), quantile(s, 0.75) - quantile(s, 0.25), len(s), last, graph)
+
+
 class Timer:
-    """CUDA-event timing on torch's current stream, with an L2 flush (a 256 MB memset) before every timed call."""
+    """CUDA-event timing on torch's current stream, with an L2 flush (a 256 MB memset) before every timed call.
+
+    time() takes one callable or several that it rotates through (sample i runs fns[i % k]): several input sets
+    larger than one make a kernel that caches results or skips repeated work visible to the checks that follow."""
 
     def __init__(self, policy: TimingPolicy):
         import torch
@@ -67,28 +80,67 @@ class Timer:
         self.policy = policy
         self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
-    def time(self, fn: Callable[[], Any]) -> Timing:
-        torch, p = self.torch, self.policy
-        for _ in range(p.warmup):
-            fn()
+    def _sample(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
+        torch = self.torch
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self.flush_buf.zero_()
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        estimate_ms = max(start.elapsed_time(end), 1e-3)
-        reps = int(min(max(p.target_ms / estimate_ms, p.min_reps), p.max_reps))
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for s, e in zip(starts, ends):
-            self.flush_buf.zero_()
-            s.record()
+        return start, end
+
+    def estimate_us(self, fn: Callable[[], Any]) -> float:
+        for _ in range(self.policy.warmup):
             fn()
-            e.record()
-        torch.cuda.synchronize()
-        samples = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
-        return Timing(quantile(samples, 0.5), quantile(samples, 0.75) - quantile(samples, 0.25), reps)
+        start, end = self._sample(fn)
+        end.synchronize()
+        return max(start.elapsed_time(end), 1e-3) * 1e3
+
+    def reps_for(self, estimate_us: float) -> int:
+        p = self.policy
+        return int(min(max(p.target_ms * 1e3 / estimate_us, p.min_reps), p.max_reps))
+
+    def graphed(self, fns: Sequence[Callable[[], Any]]) -> list[Callable[[], Any]] | None:
+        """Each callable captured once into a CUDA graph on the current stream; None if capture fails."""
+        torch = self.torch
+        graphs = []
+        try:
+            for fn in fns:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=torch.cuda.current_stream()):
+                    fn()
+                graphs.append(g)
+        except Exception:  # a callable that cannot be captured (host sync, allocation policy): time it eagerly
+            torch.cuda.synchronize()
+            return None
+        return [g.replay for g in graphs]
+
+    def time(self, fns: Callable[[], Any] | Sequence[Callable[[], Any]]) -> Timing:
+        fns = [fns] if callable(fns) else list(fns)
+        estimate = self.estimate_us(fns[0])
+        graph = False
+        if estimate < self.policy.graph_below_us:
+            replays = self.graphed(fns)
+            if replays is not None:
+                fns, graph = replays, True
+                estimate = self.estimate_us(fns[0])
+        reps = self.reps_for(estimate)
+        pairs = [self._sample(fns[i % len(fns)]) for i in range(reps)]
+        self.torch.cuda.synchronize()
+        return summarize([s.elapsed_time(e) * 1e3 for s, e in pairs], (reps - 1) % len(fns), graph)
+
+    def time_ab(self, fn_a: Callable[[], Any], fn_b: Callable[[], Any], reps: int) -> tuple[Timing, Timing]:
+        """A and B interleaved sample by sample (A B A B ...), each after its own flush: drift in clocks or
+        temperature falls on both alike. Used for finalists and the bench."""
+        for _ in range(self.policy.warmup):
+            fn_a(), fn_b()
+        pairs_a, pairs_b = [], []
+        for _ in range(reps):
+            pairs_a.append(self._sample(fn_a))
+            pairs_b.append(self._sample(fn_b))
+        self.torch.cuda.synchronize()
+        return (summarize([s.elapsed_time(e) * 1e3 for s, e in pairs_a]),
+                summarize([s.elapsed_time(e) * 1e3 for s, e in pairs_b]))
 
 
 def copy_bandwidth_gbps(timer: Timer, nbytes: int = 2**30) -> float:
@@ -131,5 +183,21 @@ def fingerprint(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         info["cuda_core"] = cuda.core.__version__
     except Exception as exc:  # the fingerprint must never stop a measurement
         info["cuda_python"] = f"unavailable: {exc!r}"[:200]
+    info.update(package_versions())
     info.update(extra or {})
     return info
+
+
+BASELINE_PACKAGES = ("triton", "quack-kernels", "liger-kernel", "nvidia-cutlass-dsl", "rmsnorm-h100")
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages that baselines come from ("absent" where not installed)."""
+    from importlib import metadata
+    out = {}
+    for name in BASELINE_PACKAGES:
+        try:
+            out[f"pkg.{name}"] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[f"pkg.{name}"] = "absent"
+    return out

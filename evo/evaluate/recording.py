@@ -9,6 +9,7 @@ under "resumes".
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from kernel_factory.evo.types import EvalResult, Genome
+from kernel_factory.evo.types import EvalResult, GeneSpace, GeneValue, Genome
 
 FORMAT = "kernel-factory-recording/1"
 
@@ -121,3 +122,21 @@ def entry(genome: Genome, result: EvalResult) -> dict[str, Any]:
         build.pop("log", None)
         build.pop("cached", None)
     return {"genome": genome.to_json(), "result": data}
+
+
+def covered_choices(header: Mapping[str, Any], space: GeneSpace) -> dict[str, tuple[GeneValue, ...]]:
+    """Per gene of today's space, the values the recording measured: a gene added after it was made is covered
+    at its default only (templates keep old genomes' meaning when they grow)."""
+    recorded = header.get("space", {})
+    return {g.name: tuple(v for v in g.choices if v in recorded[g.name]) if g.name in recorded else (g.default,)
+            for g in space.genes}
+
+
+def expand(rec: Recording, space: GeneSpace) -> Recording:
+    """The recording keyed by today's genomes: genes it predates are filled in with their defaults."""
+    defaults = space.defaults()
+    entries = {}
+    for genome, result in rec.entries.values():
+        full = Genome.of({**defaults, **genome.gene_dict}, genome.patch_dict)
+        entries[full.id] = (full, dataclasses.replace(result, candidate_id=full.id))
+    return Recording(rec.header, entries, rec.path)

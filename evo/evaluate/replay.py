@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from kernel_factory.evo.evaluate import binary, recording, render, static_check
+from kernel_factory.evo.evaluate import binary, render, static_check
+from kernel_factory.evo.evaluate import recording as recording_mod
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler, CompileOutput, ToolchainError
 from kernel_factory.evo.protocols import EvaluatorInfo, Problem
 from kernel_factory.evo.types import Candidate, Case, EvalResult, Genome, Status, geomean_speedup
@@ -25,7 +26,7 @@ def bundled_recordings(problem: Problem) -> list[Path]:
     return sorted(folder.glob(f"{problem.name}-*.jsonl.gz"))
 
 
-def choose_recording(problem: Problem, cases: Sequence[Case], path: str | None) -> recording.Recording:
+def choose_recording(problem: Problem, cases: Sequence[Case], path: str | None) -> recording_mod.Recording:
     candidates = [Path(path)] if path else bundled_recordings(problem)
     if not candidates:
         raise ReplayError(f"no recording for problem {problem.name!r}: record one on a GPU with "
@@ -34,7 +35,7 @@ def choose_recording(problem: Problem, cases: Sequence[Case], path: str | None) 
     for p in candidates:
         if not p.is_file():
             raise ReplayError(f"recording {str(p)!r} does not exist")
-        rec = recording.read(p)
+        rec = recording_mod.read(p)
         if rec.header.get("problem") == problem.name and wanted <= set(rec.header["cases"]):
             return rec
     raise ReplayError(f"no recording of {problem.name!r} covers the cases {sorted(wanted)}; "
@@ -55,7 +56,10 @@ class ReplayEvaluator:
     def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
                  recording: str | None = None, compile_patches: bool = True):
         self.problem, self.cases = problem, tuple(cases)
-        self.rec = choose_recording(problem, cases, recording)
+        found = choose_recording(problem, cases, recording)
+        self.rec = recording_mod.expand(found, problem.space)
+        # The search is limited to what the recording measured (genes added since are held at their defaults).
+        self.space = problem.space.restricted(recording_mod.covered_choices(found.header, problem.space))
         if self.rec.header["baseline"] != baseline:
             raise ReplayError(f"the recording {self.rec.path.name} measured baseline {self.rec.header['baseline']!r}, "
                               f"not {baseline!r}; set evaluator.baseline: {self.rec.header['baseline']}")

@@ -1,10 +1,11 @@
-"""The GPU worker: a spawned process that owns the CUDA context, loads cubins, checks every candidate on fresh
-inputs and only then times it. A faulting kernel poisons the context, so after a fatal error the worker reports
-the candidate as crashed and exits; the parent (gpu.py) restarts it.
+"""The GPU worker: a spawned process that owns the CUDA context, loads cubins, gates every candidate on fresh
+inputs (gate.py) and only then times it. A faulting kernel poisons the context, so after a fatal error the worker
+reports the candidate as crashed and exits; the parent (gpu.py) restarts it, and every start (first or restart)
+must pass a known-good kernel through the full gate before it answers anything.
 
 Messages over a multiprocessing Pipe, all plain dicts:
-  parent -> worker: {"op": "setup", ...}, {"op": "eval", ...}, {"op": "stop"}
-  worker -> parent: {"op": "ready", ...}, {"op": "result", ...}
+  parent -> worker: {"op": "setup", ...}, {"op": "eval", ...}, {"op": "retime", ...}, {"op": "stop"}
+  worker -> parent: {"op": "ready", ...}, {"op": "error", ...}, {"op": "result", ...}
 """
 from __future__ import annotations
 
@@ -14,54 +15,81 @@ import traceback
 from typing import Any, Mapping, Sequence
 
 from kernel_factory.evo import registry
-from kernel_factory.evo.evaluate import launcher, measure
+from kernel_factory.evo.evaluate import gate, launcher, measure
 from kernel_factory.evo.protocols import Launch, Problem
 from kernel_factory.evo.types import Case, Status
 
 # CUDA errors after which the context cannot be trusted (CUDA's "sticky" errors).
 FATAL_MARKERS = ("ILLEGAL_ADDRESS", "illegal memory access", "MISALIGNED", "misaligned address", "LAUNCH_FAILED",
                  "unspecified launch failure", "ILLEGAL_INSTRUCTION", "illegal instruction", "HARDWARE_STACK_ERROR",
-                 "ASSERT", "device-side assert", "LAUNCH_TIMEOUT", "unknown error")
-BENCH_SAMPLE_ROWS = 256   # rows of each benchmark output re-checked after timing
+                 "ASSERT", "device-side assert", "LAUNCH_TIMEOUT", "unknown error", "TRAP", "trap")
+BENCH_SAMPLE_ROWS = 256     # rows of each benchmark output re-checked after timing
+ROTATE_BELOW_BYTES = 2**30  # benchmark cases with less input than this get a second input set to rotate through
+ROOFLINE_SLACK = 1.05       # faster than bytes / (1.05 x measured copy bandwidth) is physically suspect
 
 
 class Fatal(Exception):
     """The CUDA context is poisoned: report, then exit so the parent can restart a clean worker."""
 
 
-class LaunchRejected(Exception):
-    """The driver refused the launch (e.g. too many resources); the context is still good."""
+class Rejected(Exception):
+    """A failure that is the candidate's fault and leaves the context usable (wrong answer, launch refused)."""
+
+    def __init__(self, status: Status, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class Pool:
+    """A benchmark case's input sets (allocated once per worker, fixed seeds) and its guarded outputs."""
+
+    def __init__(self, problem: Problem, case: Case):
+        import torch
+        first = problem.make_inputs(case, seed=12345, device="cuda")
+        size = sum(t.numel() * t.element_size() for t in first.values() if hasattr(t, "numel"))
+        self.inputs = [first] + ([problem.make_inputs(case, seed=54321, device="cuda")]
+                                 if size < ROTATE_BELOW_BYTES else [])
+        self.guarded = gate.Guarded(problem.make_outputs(case, "cuda"), torch.Generator("cuda").manual_seed(7))
+        self.checksums = [checksum(i) for i in self.inputs]
+
+
+def checksum(inputs: Mapping[str, Any]) -> dict[str, int]:
+    import torch
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return {k: int(v.view(ints[v.element_size()]).sum(dtype=torch.int64)) for k, v in inputs.items()
+            if hasattr(v, "element_size")}
 
 
 class Bench:
-    """Per-process state: the problem, the CUDA stream, benchmark inputs (allocated once) and the timer."""
+    """Per-process state: the problem, the CUDA stream, benchmark pools (allocated once) and the timer."""
 
     def __init__(self, setup: Mapping[str, Any]):
         import torch
-        from cuda.core import Device, Stream
         self.torch = torch
         self.problem: Problem = registry.load("problem", setup["problem"])
         torch.cuda.init()
         self.stream_t = torch.cuda.Stream()
         torch.cuda.set_stream(self.stream_t)
-        Device(0).set_current()
-        self.stream = Stream.from_handle(self.stream_t.cuda_stream)
+        self.stream = launcher.torch_stream()
         self.timer = measure.Timer(measure.TimingPolicy(**setup.get("timing", {})))
         self.bench_cases = [Case.parse(k) for k in setup["bench_cases"]]
         self.check_cases = [Case.parse(k) for k in setup["check_cases"]]
-        self.check_seeds = int(setup.get("check_seeds", 2))
         self.baseline = setup["baseline"]
-        self._bench_io: dict[str, tuple[dict, dict]] = {}
+        self.pools: dict[str, Pool] = {}
+        self.copy_gbps = 0.0
 
-    def bench_io(self, case: Case) -> tuple[dict, dict]:
-        """Inputs and outputs of a benchmark case, made once per worker (inputs from a fixed seed)."""
-        if case.key not in self._bench_io:
-            inputs = self.problem.make_inputs(case, seed=12345, device="cuda")
-            self._bench_io[case.key] = (inputs, self.problem.make_outputs(case, "cuda"))
-        return self._bench_io[case.key]
+    def pool(self, case: Case) -> Pool:
+        if case.key not in self.pools:
+            self.pools[case.key] = Pool(self.problem, case)
+        return self.pools[case.key]
 
-    def launcher(self, module: launcher.Module, plan: Launch | Sequence[Launch]):
-        return launcher.launcher(self.stream, module, plan)
+    def prepare(self, module: launcher.Module, genes: Mapping[str, Any], case: Case, inputs: Mapping[str, Any],
+                outputs: Mapping[str, Any]):
+        plan: Launch | Sequence[Launch] = self.problem.launch(genes, case, inputs, outputs)
+        try:
+            return launcher.launcher(self.stream, module, plan)
+        except Exception as exc:  # a kernel name missing from the cubin, shared memory that cannot be allowed
+            raise classify(f"cannot prepare the launch: {type(exc).__name__}: {exc}") from exc
 
     def sync(self) -> None:
         try:
@@ -69,29 +97,17 @@ class Bench:
         except Exception as exc:
             raise Fatal(f"{type(exc).__name__}: {exc}") from exc
 
-    def poison(self, outputs: Mapping[str, Any]) -> None:
-        for t in outputs.values():
-            t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
+    def gate_case(self, module: launcher.Module, genes: Mapping[str, Any], case: Case, rng: random.Random) -> None:
+        def run_and_sync(inputs, outputs):
+            self.sync()
+            run(self.prepare(module, genes, case, inputs, outputs))
+            self.sync()
+        bad = gate.Gate(self.problem, run_and_sync).check(case, rng)
+        if bad:
+            raise Rejected(Status.INCORRECT, bad)
 
-    def check(self, kernel: Any, genes: Mapping[str, Any], case: Case, seed: int) -> str | None:
-        """Fresh inputs, poisoned outputs, one launch, compare every output with the reference."""
-        p = self.problem
-        inputs = p.make_inputs(case, seed, "cuda")
-        outputs = p.make_outputs(case, "cuda")
-        ref = p.reference(inputs)
-        self.poison(outputs)
-        self.sync()
-        run(self.launcher(kernel, p.launch(genes, case, inputs, outputs)))
-        self.sync()
-        atol, rtol = p.tolerance(case.dtype)
-        for name, want in ref.items():
-            bad = measure.mismatch(outputs[name], want, atol, rtol, f"{case.key} seed {seed} {name}")
-            if bad:
-                return bad
-        return None
-
-    def verify_sample(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> str | None:
-        """Re-check a random sample of rows of a benchmark output produced by the timed launches.
+    def verify_sample(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any], label: str) -> None:
+        """Re-check a random sample of rows of a benchmark output against the inputs that produced it.
 
         Assumes a row-wise problem (each output row depends only on the same input row, and tensors whose first
         dimension is M are split by rows), which holds for the shipped problems."""
@@ -99,64 +115,139 @@ class Bench:
         m = case.shape[0]
         rows = sorted(set(random.Random(case.key).sample(range(m), min(m, BENCH_SAMPLE_ROWS)) + [0, m - 1]))
         idx = torch.tensor(rows, device="cuda")
-        sub_inputs = {k: (v.index_select(0, idx) if v.dim() > 1 and v.shape[0] == m else v) for k, v in inputs.items()}
-        ref = p.reference(sub_inputs)
+        pick = {k: (v.index_select(0, idx) if getattr(v, "dim", lambda: 0)() > 1 and v.shape[0] == m else v)
+                for k, v in inputs.items()}
+        ref = p.reference(pick)
         atol, rtol = p.tolerance(case.dtype)
         for name, want in ref.items():
-            bad = measure.mismatch(outputs[name].index_select(0, idx), want, atol, rtol, f"{case.key} timed {name}")
+            got = outputs[name].index_select(0, idx) if outputs[name].shape[:1] == (m,) else outputs[name]
+            bad = measure.mismatch(got, want, atol, rtol, f"{case.key} {label} {name}")
             if bad:
-                return bad
-        return None
+                raise Rejected(Status.INCORRECT, bad)
+
+    def time_case(self, module: launcher.Module, genes: Mapping[str, Any], case: Case) -> measure.Timing:
+        """Rotate through the input sets while timing; then verify the timed output, call once more on the same
+        buffers after poisoning (stale results fail), and check canaries and input checksums."""
+        pool = self.pool(case)
+        outs = pool.guarded.views
+        fns = [self.prepare(module, genes, case, inputs, outs) for inputs in pool.inputs]
+        gate.poison(outs)
+        timing = run_timed(self.timer, fns)
+        self.sync()
+        last = pool.inputs[timing.last]
+        self.verify_sample(case, last, outs, "timed output")
+        gate.poison(outs)
+        run(fns[timing.last])
+        self.sync()
+        self.verify_sample(case, last, outs, "repeated call on the same buffers")
+        bad = pool.guarded.violations() or next(
+            (f"{case.key}: benchmark input {k!r} was modified" for i, inp in enumerate(pool.inputs)
+             for k, v in checksum(inp).items() if v != pool.checksums[i][k]), None)
+        if bad:
+            raise Rejected(Status.INCORRECT, f"{case.key}: {bad}" if not bad.startswith(case.key) else bad)
+        return timing
+
+    def floor_us(self, case: Case) -> float:
+        return self.problem.bytes_moved(case) / (ROOFLINE_SLACK * self.copy_gbps * 1e9) * 1e6 if self.copy_gbps else 0
+
+    def roofline_recheck(self, module, genes, case: Case, rng: random.Random) -> measure.Timing:
+        """A time under the roofline floor: gate the case itself in full on fresh inputs, then time it again."""
+        self.gate_case(module, genes, case, rng)
+        timing = self.time_case(module, genes, case)
+        if timing.median_us < self.floor_us(case):
+            raise Rejected(Status.SUSPECT, f"{case.key}: {timing.median_us:.2f} us is below the roofline floor "
+                                           f"{self.floor_us(case):.2f} us (bytes / {ROOFLINE_SLACK} x measured "
+                                           f"copy {self.copy_gbps:.0f} GB/s) after a full re-check; not reported")
+        return timing
+
+    def evaluate(self, req: Mapping[str, Any]) -> dict[str, Any]:
+        genes = req["genes"]
+        modules = {dt: launcher.Module(cubin, self.problem.kernel_name) for dt, cubin in req["cubins"].items()}
+        rng = random.Random(req["seed"])
+        try:
+            for case in self.check_cases:
+                self.gate_case(modules[case.dtype], genes, case, rng)
+            if req.get("check_only"):
+                return {"status": Status.OK.value, "message": "passed the gate (not timed)"}
+            times, iqrs, graphs = {}, {}, []
+            for case in self.bench_cases:
+                timing = self.time_case(modules[case.dtype], genes, case)
+                if timing.median_us < self.floor_us(case):
+                    timing = self.roofline_recheck(modules[case.dtype], genes, case, rng)
+                times[case.key], iqrs[case.key] = timing.median_us, timing.iqr_us
+                graphs += [case.key] if timing.graph else []
+        except Rejected as exc:
+            return {"status": exc.status.value, "message": str(exc)[:4000]}
+        return {"status": Status.OK.value, "times_us": times, "iqr_us": iqrs, "graph_cases": graphs, "message": ""}
+
+    def retime(self, req: Mapping[str, Any]) -> dict[str, Any]:
+        """A finalist: candidate and baseline interleaved sample by sample, with many repetitions, per case."""
+        genes, reps = req["genes"], int(req.get("reps", 100))
+        modules = {dt: launcher.Module(cubin, self.problem.kernel_name) for dt, cubin in req["cubins"].items()}
+        out: dict[str, dict[str, float]] = {"times_us": {}, "iqr_us": {}, "baseline_us": {}, "baseline_iqr_us": {}}
+        try:
+            for case in self.bench_cases:
+                pool = self.pool(case)
+                fn = self.prepare(modules[case.dtype], genes, case, pool.inputs[0], pool.guarded.views)
+                base = self.problem.baseline(self.baseline, case, pool.inputs[0])
+                gate.poison(pool.guarded.views)
+                try:
+                    cand, ref = self.timer.time_ab(fn, base, reps)
+                except Exception as exc:
+                    raise Fatal(f"{type(exc).__name__}: {exc}") from exc
+                self.sync()
+                self.verify_sample(case, pool.inputs[0], pool.guarded.views, "re-timed output")
+                out["times_us"][case.key], out["iqr_us"][case.key] = cand.median_us, cand.iqr_us
+                out["baseline_us"][case.key], out["baseline_iqr_us"][case.key] = ref.median_us, ref.iqr_us
+        except Rejected as exc:
+            return {"status": exc.status.value, "message": str(exc)[:4000]}
+        return {"status": Status.OK.value, "message": "", "reps": reps, **out}
 
     def baseline_times(self) -> dict[str, float]:
         out = {}
         for case in self.bench_cases:
-            inputs, _ = self.bench_io(case)
-            fn = self.problem.baseline(self.baseline, case, inputs)
+            fn = self.problem.baseline(self.baseline, case, self.pool(case).inputs[0])
             out[case.key] = self.timer.time(fn).median_us
         return out
 
-    def evaluate(self, req: Mapping[str, Any]) -> dict[str, Any]:
-        p = self.problem
-        genes = req["genes"]
-        kernels = {dt: launcher.Module(cubin, p.kernel_name) for dt, cubin in req["cubins"].items()}
-        rng = random.Random(req["seed"])
-        for case in self.check_cases:
-            for _ in range(self.check_seeds):
-                bad = self.check(kernels[case.dtype], genes, case, rng.randrange(2**31))
-                if bad:
-                    return {"status": Status.INCORRECT.value, "message": bad}
-        times, iqrs = {}, {}
-        for case in self.bench_cases:
-            inputs, outputs = self.bench_io(case)
-            fn = self.launcher(kernels[case.dtype], p.launch(genes, case, inputs, outputs))
-            self.poison(outputs)
-            timing = run_timed(self.timer, fn)
-            self.sync()
-            bad = self.verify_sample(case, inputs, outputs)
-            if bad:
-                return {"status": Status.INCORRECT.value, "message": bad}
-            times[case.key], iqrs[case.key] = timing.median_us, timing.iqr_us
-        return {"status": Status.OK.value, "times_us": times, "iqr_us": iqrs, "message": ""}
+
+def classify(text: str) -> Exception:
+    return Fatal(text) if is_fatal(text) else Rejected(Status.CRASHED, text)
 
 
 def run(fn) -> None:
     try:
         fn()
     except Exception as exc:
-        text = f"launch failed: {type(exc).__name__}: {exc}"
-        raise (Fatal if is_fatal(text) else LaunchRejected)(text) from exc
+        raise classify(f"launch failed: {type(exc).__name__}: {exc}") from exc
 
 
 def is_fatal(text: str) -> bool:
     return any(marker in text for marker in FATAL_MARKERS)
 
 
-def run_timed(timer: measure.Timer, fn) -> measure.Timing:
+def run_timed(timer: measure.Timer, fns) -> measure.Timing:
     try:
-        return timer.time(fn)
+        return timer.time(fns)
     except Exception as exc:
         raise Fatal(f"{type(exc).__name__}: {exc}") from exc
+
+
+def start(msg: Mapping[str, Any]) -> tuple[Bench, dict[str, Any]]:
+    """Set up, measure copy bandwidth and the baseline, then prove the setup with a known-good kernel."""
+    bench = Bench(msg)
+    for case in bench.bench_cases:
+        bench.pool(case)
+    before = measure.clocks()
+    bench.copy_gbps = msg.get("copy_gbps") or measure.copy_bandwidth_gbps(bench.timer)
+    baseline = msg.get("baseline_us") or bench.baseline_times()
+    good = msg.get("known_good")
+    if good:
+        reply = bench.evaluate({**good, "check_only": True, "seed": random.randrange(2**31)})
+        if reply["status"] != Status.OK.value:
+            raise RuntimeError(f"the known-good kernel failed the gate on this worker: {reply['message']}")
+    return bench, {"op": "ready", "baseline_us": baseline, "copy_gbps": bench.copy_gbps,
+                   "fingerprint": measure.fingerprint({"clocks_at_setup": before})}
 
 
 def serve(conn) -> None:
@@ -171,29 +262,23 @@ def serve(conn) -> None:
             return
         if msg["op"] == "setup":
             try:
-                bench = Bench(msg)
-                for case in bench.bench_cases:
-                    bench.bench_io(case)
-                before = measure.clocks()
-                copy = measure.copy_bandwidth_gbps(bench.timer)
-                baseline = msg.get("baseline_us") or bench.baseline_times()
-                conn.send({"op": "ready", "baseline_us": baseline, "copy_gbps": copy,
-                           "fingerprint": measure.fingerprint({"clocks_at_setup": before})})
+                bench, ready = start(msg)
+                conn.send(ready)
             except Exception:
                 conn.send({"op": "error", "message": traceback.format_exc()[-4000:]})
                 return
             continue
-        start = time.perf_counter()
+        begin = time.perf_counter()
+        fatal = False
         try:
-            reply = bench.evaluate(msg)
-            fatal = False
+            reply = bench.retime(msg) if msg["op"] == "retime" else bench.evaluate(msg)
         except Fatal as exc:
             reply, fatal = {"status": Status.CRASHED.value, "message": str(exc)[:2000]}, True
-        except Exception as exc:  # LaunchRejected, a cubin that does not load, ...
+        except Exception as exc:  # a cubin that does not load, ...
             text = f"{type(exc).__name__}: {exc}"
             fatal = is_fatal(text)
             reply = {"status": Status.CRASHED.value, "message": text[:2000]}
-        reply.update(op="result", id=msg["id"], gpu_s=time.perf_counter() - start, fatal=fatal)
+        reply.update(op="result", id=msg["id"], gpu_s=time.perf_counter() - begin, fatal=fatal)
         conn.send(reply)
         if fatal:
             return

@@ -52,6 +52,15 @@ class ConsoleObserver:
     def on_end(self, summary: RunSummary) -> None:
         self._print(f"done: {summary.generations} generations, {summary.evaluations} candidates evaluated, "
                     f"stopped by {summary.stop_reason}, {summary.wall_s:.1f} s wall")
+        if summary.gpu_s > 0 and summary.timed_per_gpu_minute > 0:
+            self._print(f"throughput: {summary.timed_per_gpu_minute:.0f} candidates gated and timed per GPU-minute "
+                        f"({summary.gpu_s:.1f} GPU-s; reused answers not counted)")
+        for f in summary.finalists:
+            if "speedup" in f:
+                self._print(f"finalist {f['candidate_id']}: {f['speedup']:.4f}x vs baseline, re-timed interleaved "
+                            f"A/B, {f['reps']} samples per case")
+            else:
+                self._print(f"finalist {f['candidate_id']}: re-timing failed ({f['status']}): {f['message'][:200]}")
         if summary.best is None:
             self._print("no candidate passed correctness")
             return

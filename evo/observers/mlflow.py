@@ -316,6 +316,8 @@ class MlflowObserver:
                 "kf.candidate_id": candidate.id, "kf.parent_ids": ",".join(candidate.parents),
                 "kf.operator": candidate.operator, "kf.generation": str(generation),
                 "kf.status": result.status.value, "kf.evaluator": self.run.evaluator.kind}
+        if result.flags:
+            tags["kf.flags"] = " | ".join(result.flags)
         usage = llm_usage(candidate)
         if usage:
             tags |= {"kf.llm_agent": usage["agent"], "kf.llm_model": usage["model"]}
@@ -367,7 +369,9 @@ class MlflowObserver:
     def _finish(self, summary: RunSummary, llm: Mapping[str, float]) -> None:
         best = summary.best
         values = {"final_best_fitness": best[1].fitness if best else 0.0, "evaluations_total": summary.evaluations,
-                  "gpu_s_total": summary.gpu_s, "wall_s_total": summary.wall_s, **llm}
+                  "gpu_s_total": summary.gpu_s, "wall_s_total": summary.wall_s,
+                  "timed_per_gpu_minute": summary.timed_per_gpu_minute, **llm}
+        values |= {f"finalist_speedup.{f['candidate_id']}": f["speedup"] for f in summary.finalists if "speedup" in f}
         tags = {"kf.stop_reason": summary.stop_reason, "kf.best_candidate_id": best[0].id if best else "none"}
         self._log_batch(self.parent_id, _metrics(values, summary.generations),
                         tags=[RunTag(k, v) for k, v in _tags(tags).items()])
@@ -387,4 +391,5 @@ def summary_record(summary: RunSummary) -> dict[str, Any]:
                 "baseline_us": dict(result.baseline_us), "gbps": dict(result.gbps)}
     return {"run_id": summary.run_id, "generations": summary.generations, "evaluations": summary.evaluations,
             "stop_reason": summary.stop_reason, "wall_s": summary.wall_s, "gpu_s": summary.gpu_s, "best": best,
-            "hall_of_fame": [{"candidate_id": c.id, "fitness": r.fitness} for c, r in summary.hall_of_fame]}
+            "hall_of_fame": [{"candidate_id": c.id, "fitness": r.fitness} for c, r in summary.hall_of_fame],
+            "timed_per_gpu_minute": summary.timed_per_gpu_minute, "finalists": list(summary.finalists)}

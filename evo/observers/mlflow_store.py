@@ -33,7 +33,7 @@ def search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]
 def _typed_genes(params: dict[str, str], space: GeneSpace) -> dict | None:
     genes = {}
     for gene in space.genes:
-        raw = params.get(f"gene.{gene.name}")
+        raw = params.get(f"gene.{gene.name}", str(gene.default))   # a gene added since: that run had its default
         match = [v for v in gene.choices if str(v) == raw]
         if not match:
             return None    # logged under another version of the space: not comparable

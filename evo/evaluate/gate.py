@@ -1,0 +1,142 @@
+"""The correctness gate, run in the GPU worker before anything is timed. For every check case it launches the
+candidate four times, each against a fresh reference:
+
+1. fresh random inputs (seed A) into fresh outputs, poisoned with NaN and fenced by canary guard regions;
+2. new random inputs (seed B) copied into the *same* buffers, outputs left as they are: a kernel that caches or
+   skips work when called again with the same pointers returns the stale result and fails;
+3. the same inputs again, outputs poisoned: the result must be bitwise identical to launch 2 (a racy reduction
+   varies between runs);
+4. adversarial rows (zero, huge, tiny, denormal, the dtype's extremes) planted into the inputs, where the problem
+   provides special_inputs().
+
+After every launch: no output value may be NaN/Inf or off the reference, no canary byte may change, and no
+input may change. Outputs are verified in full here; timed outputs are sampled by the worker.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from kernel_factory.evo.evaluate import measure
+from kernel_factory.evo.protocols import Problem
+from kernel_factory.evo.types import Case
+
+GUARD_BYTES = 4096   # canary bytes before and after every output buffer (a multiple of every vector width)
+
+
+class Guarded:
+    """Output tensors carved out of larger buffers whose ends hold random canary bytes."""
+
+    def __init__(self, outputs: Mapping[str, Any], gen: Any):
+        import torch
+        self.views: dict[str, Any] = {}
+        self._buffers: list[tuple[str, Any, Any, int]] = []
+        for name, t in outputs.items():
+            size = t.element_size()
+            pad = GUARD_BYTES // size
+            buf = torch.empty(t.numel() + 2 * pad, dtype=t.dtype, device=t.device)
+            raw = buf.view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen, device=t.device))
+            self.views[name] = buf[pad:pad + t.numel()].view(t.shape)
+            self._buffers.append((name, buf, raw.clone(), pad))
+
+    def violations(self) -> str | None:
+        """Which guard region a kernel wrote into, and how far from the buffer; None if all are intact."""
+        import torch
+        for name, buf, saved, pad in self._buffers:
+            raw, size = buf.view(torch.uint8), buf.element_size()
+            head, tail = pad * size, raw.numel() - pad * size
+            for label, lo, hi in (("before", 0, head), ("after", tail, raw.numel())):
+                changed = torch.nonzero(raw[lo:hi] != saved[lo:hi])
+                if changed.numel():
+                    first = int(changed[0]) + lo
+                    where = (head - first) if label == "before" else (first - tail)
+                    return (f"wrote outside output {name!r}: {changed.numel()} canary bytes changed {label} it, "
+                            f"nearest at byte {where if label == 'after' else -where} past its "
+                            f"{'end' if label == 'after' else 'start'}")
+        return None
+
+
+def poison(outputs: Mapping[str, Any]) -> None:
+    for t in outputs.values():
+        t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
+
+
+def snapshot(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v.clone() for k, v in inputs.items() if hasattr(v, "clone")}
+
+
+def changed_inputs(inputs: Mapping[str, Any], saved: Mapping[str, Any]) -> str | None:
+    import torch
+    for k, before in saved.items():
+        if not torch.equal(inputs[k].view(torch.uint8), before.view(torch.uint8)):
+            return f"input {k!r} was modified by the kernel"
+    return None
+
+
+def bitwise_equal(a: Mapping[str, Any], b: Mapping[str, Any], names: Any) -> str | None:
+    import torch
+    for k in names:
+        x, y = a[k].view(torch.uint8), b[k].view(torch.uint8)
+        if not torch.equal(x, y):
+            return f"output {k!r} differs between two launches on identical inputs (a race or stale state)"
+    return None
+
+
+@dataclass
+class Gate:
+    """Runs the four launches on one case. `launch(inputs, outputs)` runs the candidate and synchronizes."""
+
+    problem: Problem
+    launch: Callable[[Mapping[str, Any], Mapping[str, Any]], None]
+
+    def compare(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any], label: str) -> str | None:
+        ref = self.problem.reference(inputs)
+        atol, rtol = self.problem.tolerance(case.dtype)
+        for name, want in ref.items():
+            bad = measure.mismatch(outputs[name], want, atol, rtol, f"{case.key} {label} {name}")
+            if bad:
+                return bad
+        return None
+
+    def run_once(self, case: Case, inputs: Mapping[str, Any], guarded: Guarded, label: str, *,
+                 poisoned: bool = True) -> str | None:
+        if poisoned:
+            poison(guarded.views)
+        saved = snapshot(inputs)
+        self.launch(inputs, guarded.views)
+        return (guarded.violations() or changed_inputs(inputs, saved)
+                or self.compare(case, inputs, guarded.views, label))
+
+    def check(self, case: Case, rng: random.Random) -> str | None:
+        import torch
+        p = self.problem
+        seed_a, seed_b, seed_c = (rng.randrange(2**31) for _ in range(3))
+        inputs = p.make_inputs(case, seed_a, "cuda")
+        guarded = Guarded(p.make_outputs(case, "cuda"), torch.Generator(device="cuda").manual_seed(seed_a))
+        bad = self.run_once(case, inputs, guarded, f"seed {seed_a}")
+        if bad:
+            return bad
+        refill(inputs, p.make_inputs(case, seed_b, "cuda"))
+        bad = self.run_once(case, inputs, guarded, f"seed {seed_b}, second call on the same buffers", poisoned=False)
+        if bad:
+            return bad
+        if getattr(p, "deterministic", True):
+            first = {k: v.clone() for k, v in guarded.views.items()}
+            bad = self.run_once(case, inputs, guarded, f"seed {seed_b}, repeated")
+            bad = bad or bitwise_equal(guarded.views, first, p.reference(inputs).keys())
+            if bad:
+                return f"{case.key}: {bad}" if not bad.startswith(case.key) else bad
+        special = getattr(p, "special_inputs", None)
+        if special is not None:
+            refill(inputs, special(case, seed_c, "cuda"))
+            return self.run_once(case, inputs, guarded, f"special rows (seed {seed_c})")
+        return None
+
+
+def refill(inputs: Mapping[str, Any], fresh: Mapping[str, Any]) -> None:
+    """Copy new values into the existing input tensors, keeping their addresses."""
+    for k, v in fresh.items():
+        if hasattr(v, "copy_"):
+            inputs[k].copy_(v)
