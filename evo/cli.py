@@ -1,5 +1,6 @@
-"""The `kernel-factory` command: run, record, problems, ui. Bad input ends in one line naming the problem and a
-non-zero exit, never a traceback; what a run measured before an error or Ctrl-C stays in its journal and MLflow."""
+"""The `kernel-factory` command: run, resume, record, problems, lineage, export, bench, faults, ui. Bad input ends in one line
+naming the problem and a non-zero exit, never a traceback; what a run measured before an error or Ctrl-C stays in its
+journal and MLflow."""
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,32 @@ def _parser() -> argparse.ArgumentParser:
     lin.add_argument("candidate", nargs="?", help="a candidate id or a unique prefix (default: the run's best)")
     lin.add_argument("--out", help="also draw the run's lineage here (png, svg, html, json)")
     lin.add_argument("--runs", default="runs", help="the runs folder (the config's out_dir)")
+    exp = sub.add_parser("export", help="write a dispatch table (best genome per dtype and N) from runs' results")
+    exp.add_argument("sources", nargs="+", metavar="RUN",
+                     help="a run id under --runs, a run folder, a journal.jsonl or a recording .jsonl.gz")
+    exp.add_argument("--problem", required=True)
+    exp.add_argument("--out", help="the table to write (default: kernels/ops/<problem>.json)")
+    exp.add_argument("--build", action="store_true", help="also compile sm_90a cubins next to it (cubins/)")
+    exp.add_argument("--runs", default="runs", help="the runs folder (the config's out_dir)")
+    ben = sub.add_parser("bench", help="time a kernel against every baseline side by side (table, CSV, JSON, PNG)")
+    ben.add_argument("--problem", default="rmsnorm_fwd")
+    what = ben.add_argument_group("subject (exactly one)")
+    what.add_argument("--genes", help="a genome as JSON (missing genes take their defaults)")
+    what.add_argument("--run", help="a run id (or journal path): its best candidate")
+    what.add_argument("--table", help="a dispatch table from `kernel-factory export`")
+    what.add_argument("--op", action="store_true", help="the exported library op")
+    ben.add_argument("--shapes", default="benchmark", help="benchmark, heldout, correctness or MxN,MxN")
+    ben.add_argument("--dtypes", default="bfloat16", help="comma list, e.g. bfloat16,float16")
+    ben.add_argument("--baselines", help="comma list (default: every baseline of the problem)")
+    ben.add_argument("--reps", type=int, default=50, help="samples per provider per row")
+    ben.add_argument("--repeat", type=int, default=1, help="time the subject this many passes (spread check)")
+    ben.add_argument("--graph-below-us", type=float, default=30.0,
+                     help="time launches shorter than this as CUDA-graph replays (0: never)")
+    ben.add_argument("--out", help="folder for bench.{json,csv,md,png}")
+    ben.add_argument("--stem", default="bench", help="file name stem in --out")
+    ben.add_argument("--from", dest="from_json", help="re-render a recorded bench JSON (no GPU needed)")
+    flt = sub.add_parser("faults", help="run the evaluator's fault suite on this GPU and print its table")
+    flt.add_argument("--out", help="also write the table as JSON here")
     ui = sub.add_parser("ui", help="serve the MLflow UI over the run store on 127.0.0.1")
     ui.add_argument("--store", default="runs/mlflow.db")
     ui.add_argument("--artifacts", default="runs/artifacts")
@@ -101,6 +128,43 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from kernel_factory.evo import export
+    path, table = export.export(args.problem, args.sources, args.out or f"kernels/ops/{args.problem}.json",
+                                args.runs, args.build)
+    print(export.summary(path, table))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import json
+    from kernel_factory.evo import bench, bench_report
+    if args.from_json:
+        try:
+            result = json.loads(Path(args.from_json).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--from {args.from_json!r}: cannot read a bench result ({exc})") from None
+        print(f"(re-rendered from {args.from_json}: measured on {result['fingerprint'].get('gpu', '?')} "
+              f"{result['fingerprint'].get('date', '')[:10]}; nothing was timed now)")
+    else:
+        if args.reps < 1 or args.repeat < 1:
+            raise ConfigError("--reps and --repeat must be >= 1")
+        baselines = [b for b in args.baselines.split(",") if b] if args.baselines is not None else None
+        subject = {"genes": args.genes, "run": args.run, "table": args.table, "op": "op" if args.op else None}
+        result = bench.run(args.problem, subject, args.shapes, [d for d in args.dtypes.split(",") if d], baselines,
+                           args.reps, args.repeat, args.graph_below_us)
+    print(bench_report.markdown(result))
+    if args.out:
+        paths = bench_report.write(result, args.out, args.stem)
+        print(f"written: {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
+def cmd_faults(args: argparse.Namespace) -> int:
+    from kernel_factory.evo import faults
+    return faults.main(args.out)
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from kernel_factory.evo.observers.mlflow import ui_command
     if not Path(args.store).is_file():
@@ -126,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_resume(args)
         if args.command == "lineage":
             return cmd_lineage(args)
+        if args.command == "export":
+            return cmd_export(args)
+        if args.command == "bench":
+            return cmd_bench(args)
+        if args.command == "faults":
+            return cmd_faults(args)
         return cmd_ui(args)
     except (ConfigError, registry.PluginError, ToolchainError, WorkerError) as exc:
         print(f"kernel-factory: error: {exc}", file=sys.stderr)

@@ -90,6 +90,7 @@ class Gate:
 
     problem: Problem
     launch: Callable[[Mapping[str, Any], Mapping[str, Any]], None]
+    device: str = "cuda"
 
     def compare(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any], label: str) -> str | None:
         ref = self.problem.reference(inputs)
@@ -113,12 +114,12 @@ class Gate:
         import torch
         p = self.problem
         seed_a, seed_b, seed_c = (rng.randrange(2**31) for _ in range(3))
-        inputs = p.make_inputs(case, seed_a, "cuda")
-        guarded = Guarded(p.make_outputs(case, "cuda"), torch.Generator(device="cuda").manual_seed(seed_a))
+        inputs = p.make_inputs(case, seed_a, self.device)
+        guarded = Guarded(p.make_outputs(case, self.device), torch.Generator(device=self.device).manual_seed(seed_a))
         bad = self.run_once(case, inputs, guarded, f"seed {seed_a}")
         if bad:
             return bad
-        refill(inputs, p.make_inputs(case, seed_b, "cuda"))
+        refill(inputs, p.make_inputs(case, seed_b, self.device))
         bad = self.run_once(case, inputs, guarded, f"seed {seed_b}, second call on the same buffers", poisoned=False)
         if bad:
             return bad
@@ -130,7 +131,7 @@ class Gate:
                 return f"{case.key}: {bad}" if not bad.startswith(case.key) else bad
         special = getattr(p, "special_inputs", None)
         if special is not None:
-            refill(inputs, special(case, seed_c, "cuda"))
+            refill(inputs, special(case, seed_c, self.device))
             return self.run_once(case, inputs, guarded, f"special rows (seed {seed_c})")
         return None
 

@@ -129,18 +129,18 @@ class Timer:
         self.torch.cuda.synchronize()
         return summarize([s.elapsed_time(e) * 1e3 for s, e in pairs], (reps - 1) % len(fns), graph)
 
-    def time_ab(self, fn_a: Callable[[], Any], fn_b: Callable[[], Any], reps: int) -> tuple[Timing, Timing]:
-        """A and B interleaved sample by sample (A B A B ...), each after its own flush: drift in clocks or
-        temperature falls on both alike. Used for finalists and the bench."""
+    def time_interleaved(self, fns: Sequence[Callable[[], Any]], reps: int) -> list[Timing]:
+        """Several callables interleaved sample by sample (A B C A B C ...), each after its own flush: drift in
+        clocks or temperature falls on all alike. Used for finalists and the bench."""
         for _ in range(self.policy.warmup):
-            fn_a(), fn_b()
-        pairs_a, pairs_b = [], []
+            for fn in fns:
+                fn()
+        pairs: list[list[tuple[Any, Any]]] = [[] for _ in fns]
         for _ in range(reps):
-            pairs_a.append(self._sample(fn_a))
-            pairs_b.append(self._sample(fn_b))
+            for i, fn in enumerate(fns):
+                pairs[i].append(self._sample(fn))
         self.torch.cuda.synchronize()
-        return (summarize([s.elapsed_time(e) * 1e3 for s, e in pairs_a]),
-                summarize([s.elapsed_time(e) * 1e3 for s, e in pairs_b]))
+        return [summarize([s.elapsed_time(e) * 1e3 for s, e in p]) for p in pairs]
 
 
 def copy_bandwidth_gbps(timer: Timer, nbytes: int = 2**30) -> float:

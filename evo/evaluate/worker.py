@@ -192,7 +192,7 @@ class Bench:
                 base = self.problem.baseline(self.baseline, case, pool.inputs[0])
                 gate.poison(pool.guarded.views)
                 try:
-                    cand, ref = self.timer.time_ab(fn, base, reps)
+                    cand, ref = self.timer.time_interleaved([fn, base], reps)
                 except Exception as exc:
                     raise Fatal(f"{type(exc).__name__}: {exc}") from exc
                 self.sync()

@@ -1,0 +1,232 @@
+"""`kernel-factory bench`: one kernel against every baseline available, side by side in one process on one GPU.
+
+Every provider (the subject and each baseline) is first checked against the fp32 reference on the row's inputs;
+then all of them are timed interleaved sample by sample (A B C A B C ..., an L2 flush before each sample), so
+that clock or thermal drift falls on all alike. Launches shorter than --graph-below-us are timed as CUDA-graph
+replays where the provider can be captured, and the row says so. `--repeat 2` times the subject a second time in
+a separate pass and reports how far the two medians of each row are apart. Results: a table (worst rows first),
+CSV, JSON and a PNG, each with the environment fingerprint (bench_report.py renders them; `--from` re-renders a
+recorded JSON on a machine without a GPU).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from kernel_factory.evo import registry
+from kernel_factory.evo.config import ConfigError
+from kernel_factory.evo.evaluate import gate, launcher, measure, render
+from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
+from kernel_factory.evo.protocols import MissingBaseline, Problem
+from kernel_factory.evo.types import Candidate, Case, Genome, GeneValue
+
+SUBJECT = "factory"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What is benchmarked: per case the genes to launch (a genome, a run's best, a dispatch table), or the
+    exported library op (genes_for is None; the problem's 'factory_op' baseline calls it)."""
+
+    label: str
+    genes_for: Callable[[Case], Mapping[str, GeneValue]] | None
+
+
+def parse_cases(problem: Problem, shapes: str, dtypes: Sequence[str]) -> list[Case]:
+    """`benchmark`, `heldout`, `correctness` or a comma list of MxN, for each dtype."""
+    if shapes in problem.shape_sets:
+        chosen = problem.shape_sets[shapes]
+    else:
+        try:
+            chosen = tuple(tuple(int(v) for v in s.lower().split("x")) for s in shapes.split(","))
+        except ValueError:
+            raise ConfigError(f"--shapes {shapes!r}: use one of {', '.join(problem.shape_sets)} or MxN,MxN") from None
+    bad = [d for d in dtypes if d not in problem.dtypes]
+    if bad:
+        raise ConfigError(f"--dtypes: {problem.name} has no dtype {bad[0]!r}; it has {', '.join(problem.dtypes)}")
+    return [Case(s, d) for d in dtypes for s in chosen]
+
+
+class Compiled:
+    """Cubins for the subject's genomes, compiled on the CPU pool and loaded once per (genome, dtype)."""
+
+    def __init__(self, problem: Problem, cache_dir: str):
+        self.problem = problem
+        self.compiler = Compiler(cache_dir)
+        self.modules: dict[tuple[str, str], launcher.Module] = {}
+
+    def module(self, genes: Mapping[str, GeneValue], dtype: str) -> launcher.Module:
+        genome = Genome.of(genes)
+        if (genome.id, dtype) not in self.modules:
+            body = render.body(self.problem, genome, dtype)
+            job = CompileJob(self.compiler.key(body), render.render(self.problem, Candidate(genome), dtype),
+                             f"{genome.id}-{dtype}.cu")
+            (out,) = list(self.compiler.compile_many([job]))
+            if out.error is not None:
+                raise ConfigError(f"the subject genome {genome.id} does not compile for {dtype}:\n{out.error[:1500]}")
+            self.modules[(genome.id, dtype)] = launcher.Module(out.cubin, self.problem.kernel_name)
+        return self.modules[(genome.id, dtype)]
+
+
+def providers(problem: Problem, subject: Subject, compiled: Compiled, stream: Any, case: Case,
+              inputs: Mapping[str, Any], baselines: Sequence[str]) -> dict[str, Callable[[], Mapping[str, Any]] | str]:
+    """name -> zero-argument callable returning the outputs, or a string saying why it is unavailable."""
+    out: dict[str, Any] = {}
+    if subject.genes_for is None:
+        try:
+            out[SUBJECT] = problem.baseline("factory_op", case, inputs)
+        except MissingBaseline as exc:
+            out[SUBJECT] = f"unavailable: {exc}"
+    else:
+        genes = subject.genes_for(case)
+        outputs = problem.make_outputs(case, "cuda")
+        gate.poison(outputs)   # the first call (the check) must write every output
+        run = launcher.launcher(stream, compiled.module(genes, case.dtype),
+                                problem.launch(genes, case, inputs, outputs))
+        out[SUBJECT] = lambda: (run(), outputs)[1]
+    for name in baselines:
+        try:
+            out[name] = problem.baseline(name, case, inputs)
+        except MissingBaseline as exc:
+            out[name] = f"unavailable: {exc}"
+    return out
+
+
+def check(problem: Problem, case: Case, inputs: Mapping[str, Any], fn: Callable[[], Mapping[str, Any]]) -> str | None:
+    """None if the provider's outputs match the reference on these inputs (only the outputs it returns)."""
+    import torch
+    try:
+        got = fn()
+        torch.cuda.synchronize()
+    except Exception as exc:  # a baseline that fails on this shape (e.g. an autotuner config that cannot launch)
+        return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    ref = problem.reference(inputs)
+    atol, rtol = problem.tolerance(case.dtype)
+    for name, want in ref.items():
+        if name in got:
+            bad = measure.mismatch(got[name], want, atol, rtol, name)
+            if bad:
+                return f"incorrect: {bad}"
+    return None
+
+
+def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: measure.Timer, stream: Any,
+               case: Case, baselines: Sequence[str], reps: int, repeat: int, copy_gbps: float) -> dict[str, Any]:
+    import torch
+    inputs = problem.make_inputs(case, seed=2026, device="cuda")
+    row: dict[str, Any] = {"case": case.key, "dtype": case.dtype, "shape": list(case.shape),
+                           "bytes": problem.bytes_moved(case), "providers": {}}
+    fns = providers(problem, subject, compiled, stream, case, inputs, baselines)
+    ready: dict[str, Callable[[], Any]] = {}
+    for name, fn in fns.items():
+        why = fn if isinstance(fn, str) else check(problem, case, inputs, fn)
+        if why:
+            row["providers"][name] = {"error": why}
+        else:
+            ready[name] = fn
+    timed, graphed = graph_where_short(timer, ready)
+    for rep in range(max(1, repeat) if SUBJECT in timed else 1):
+        names = list(timed) if rep == 0 else [SUBJECT]
+        for name, t in zip(names, timer.time_interleaved([timed[n] for n in names], reps)):
+            if rep == 0:
+                gbps = row["bytes"] / (t.median_us * 1e-6) / 1e9
+                row["providers"][name] = {"us": t.median_us, "iqr_us": t.iqr_us, "gbps": gbps,
+                                          "pct_copy": 100 * gbps / copy_gbps, "graph": name in graphed,
+                                          "reps": t.reps}
+            else:
+                row["providers"][name].setdefault("repeat_us", []).append(t.median_us)
+    del inputs
+    torch.cuda.empty_cache()
+    return row
+
+
+def graph_where_short(timer: measure.Timer, fns: Mapping[str, Callable[[], Any]]) -> tuple[dict, set]:
+    """Providers whose launch is shorter than the policy's threshold, captured as CUDA graphs where possible."""
+    out, graphed = dict(fns), set()
+    for name, fn in fns.items():
+        if timer.estimate_us(fn) < timer.policy.graph_below_us:
+            replay = timer.graphed([fn])
+            if replay is not None:
+                out[name] = replay[0]
+                graphed.add(name)
+    return out, graphed
+
+
+def run(problem_name: str, subject_spec: Mapping[str, str], shapes: str, dtypes: Sequence[str],
+        baselines: Sequence[str] | None, reps: int, repeat: int, graph_below_us: float) -> dict[str, Any]:
+    import torch
+    problem = registry.load("problem", problem_name)
+    from kernel_factory.evo.evaluate.gpu import gpu_unavailable_reason
+    reason = gpu_unavailable_reason()
+    if reason:
+        raise ConfigError(f"bench needs an NVIDIA GPU ({reason}); on this machine, re-render a recorded result "
+                          f"with `kernel-factory bench --from BENCH.json`")
+    subject = make_subject(problem, subject_spec)
+    cases = parse_cases(problem, shapes, dtypes)
+    wanted = list(baselines if baselines is not None else problem.baselines)
+    unknown = [b for b in wanted if b not in problem.baselines]
+    if unknown:
+        raise ConfigError(f"--baselines: {problem.name} has no baseline {unknown[0]!r}; it has "
+                          f"{', '.join(problem.baselines)}")
+    stream_t = torch.cuda.Stream()
+    torch.cuda.set_stream(stream_t)
+    stream = launcher.torch_stream()
+    timer = measure.Timer(measure.TimingPolicy(warmup=3, graph_below_us=graph_below_us))
+    before = measure.clocks()
+    copy = measure.copy_bandwidth_gbps(timer)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp:
+        compiled = Compiled(problem, tmp)
+        rows = [bench_case(problem, subject, compiled, timer, stream, c, wanted, reps, repeat, copy) for c in cases]
+        compiled.compiler.close()
+    fp = measure.fingerprint({"clocks_before": before, "clocks_after": measure.clocks(),
+                              "copy_gbps": f"{copy:.0f}"})
+    return {"format": "kernel-factory-bench/1", "problem": problem.name, "subject": subject.label,
+            "baselines": wanted, "reps": reps, "repeat": repeat, "graph_below_us": graph_below_us,
+            "copy_gbps": copy, "wall_s": time.perf_counter() - started, "fingerprint": fp, "rows": rows}
+
+
+def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:
+    """From exactly one of: genes (JSON), run (its best candidate), table (a dispatch table), op (the library op)."""
+    given = {k: v for k, v in spec.items() if v}
+    if len(given) != 1:
+        raise ConfigError("bench needs exactly one subject: --genes JSON, --run RUN_ID, --table FILE or --op")
+    kind, value = next(iter(given.items()))
+    if kind == "op":
+        return Subject(f"library op ({problem.name})", None)
+    if kind == "table":
+        from kernel_factory.evo import dispatch
+        table = dispatch.load(value)
+        return Subject(f"dispatch table {value}", lambda case: dispatch.genes_for(table, case.dtype, case.shape[-1]))
+    if kind == "run":
+        genes = run_best_genes(value, problem)
+        return Subject(f"best of run {value}", lambda case: genes)
+    try:
+        genes = {**problem.space.defaults(), **json.loads(value)}
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--genes is not JSON: {exc}") from None
+    why = problem.space.why_infeasible(genes)
+    if why:
+        raise ConfigError(f"--genes: {why}")
+    return Subject(f"genome {Genome.of(genes).id}", lambda case: genes)
+
+
+def run_best_genes(spec: str, problem: Problem) -> Mapping[str, GeneValue]:
+    from kernel_factory.evo.observers import journal
+    path = Path(spec) if Path(spec).is_file() else Path("runs") / spec / "journal.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"--run {spec!r}: no journal at {path}")
+    records = journal.read(path)
+    end = [r for r in records if r["event"] == "end"]
+    best = end[-1]["best"] if end else None
+    for r in records:
+        if r["event"] == "result" and r["candidate"]["id"] == best:
+            genome = Genome.from_json(r["candidate"]["genome"])
+            if genome.patch:
+                raise ConfigError(f"--run {spec!r}: its best candidate carries a code patch; bench takes genes only")
+            return {**problem.space.defaults(), **genome.gene_dict}
+    raise ConfigError(f"--run {spec!r}: the journal names no best candidate (did the run finish?)")

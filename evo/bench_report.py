@@ -1,0 +1,156 @@
+"""Render a bench result (bench.py's JSON): the table with the worst rows first, the geomean per baseline, the
+repeat spread, CSV, markdown and a PNG chart, each headed by the environment fingerprint. Runs without a GPU, so
+a recorded result can be re-rendered anywhere (`kernel-factory bench --from BENCH.json`)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from kernel_factory.evo.bench import SUBJECT
+
+FINGERPRINT_KEYS = ("gpu", "sm_count", "driver", "cuda_driver_api", "cuda_runtime", "nvrtc", "torch",
+                    "pkg.triton", "pkg.quack-kernels", "pkg.liger-kernel", "pkg.nvidia-cutlass-dsl", "clocks_before",
+                    "clocks_after", "copy_gbps", "date")
+
+
+def ratio(row: Mapping[str, Any], baseline: str) -> float | None:
+    """baseline time / subject time (above 1: the subject is faster); None if either is missing."""
+    p = row["providers"]
+    if "us" not in p.get(SUBJECT, {}) or "us" not in p.get(baseline, {}):
+        return None
+    return p[baseline]["us"] / p[SUBJECT]["us"]
+
+
+def best_peer(row: Mapping[str, Any], peers: Sequence[str]) -> tuple[str, float] | None:
+    timed = [(n, row["providers"][n]["us"]) for n in peers if "us" in row["providers"].get(n, {})]
+    return min(timed, key=lambda t: t[1]) if timed else None
+
+
+def geomean(values: Sequence[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def repeat_spread(row: Mapping[str, Any]) -> float | None:
+    """Largest relative distance (%) of the subject's repeated medians from its first median."""
+    s = row["providers"].get(SUBJECT, {})
+    if "us" not in s or not s.get("repeat_us"):
+        return None
+    return max(abs(r - s["us"]) / s["us"] * 100 for r in s["repeat_us"])
+
+
+def worst_first(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    peers = result["baselines"]
+
+    def key(row):
+        best = best_peer(row, peers)
+        mine = row["providers"].get(SUBJECT, {}).get("us")
+        return best[1] / mine if best and mine else -1.0
+    return sorted(result["rows"], key=key)
+
+
+def geomeans(result: Mapping[str, Any]) -> list[tuple[str, float | None]]:
+    """(label, geomean of baseline / ours over the rows where both were timed): the best peer first."""
+    peers = result["baselines"]
+    rows = [r for r in result["rows"] if "us" in r["providers"].get(SUBJECT, {})]
+    out = [("vs best peer", geomean([best_peer(r, peers)[1] / r["providers"][SUBJECT]["us"] for r in rows
+                                     if best_peer(r, peers)]))]
+    return out + [(f"vs {p}", geomean([v for v in (ratio(r, p) for r in rows) if v])) for p in peers]
+
+
+def fmt(v: float | None, spec: str = ".3f", suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    peers = result["baselines"]
+    fp = result["fingerprint"]
+    lines = [f"# Bench: {result['subject']} ({result['problem']})", "",
+             "Environment: " + "; ".join(f"{k} {fp[k]}" for k in FINGERPRINT_KEYS if k in fp), "",
+             f"Timing: CUDA events, L2 flushed before every sample, providers interleaved sample by sample, "
+             f"{result['reps']} samples each, median (IQR in the JSON); launches under {result['graph_below_us']:g} "
+             f"µs timed as CUDA-graph replays where capturable (marked g). Measured copy bandwidth "
+             f"{result['copy_gbps']:.0f} GB/s. Ratio = baseline µs / ours (above 1: ours is faster). Worst rows "
+             f"first (by ratio to the best peer).", ""]
+    head = ["case", "ours µs", "GB/s", "% copy", "best peer", "vs best"] + [f"vs {p}" for p in peers]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in worst_first(result):
+        mine = row["providers"].get(SUBJECT, {})
+        best = best_peer(row, peers)
+        cells = [row["case"], fmt(mine.get("us"), ".1f") + (" g" if mine.get("graph") else ""),
+                 fmt(mine.get("gbps"), ".0f"), fmt(mine.get("pct_copy"), ".0f", "%"),
+                 f"{best[0]} {best[1]:.1f}" if best else "-",
+                 fmt(best[1] / mine["us"] if best and "us" in mine else None)]
+        for p in peers:
+            r = ratio(row, p)
+            err = row["providers"].get(p, {}).get("error")
+            cells.append(fmt(r) + (" g" if row["providers"].get(p, {}).get("graph") else "") if r else
+                         ("n/a" if err and err.startswith("unavailable") else ("fails" if err else "-")))
+        if "error" in mine:
+            cells[1] = f"ERROR: {mine['error'][:80]}"
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Geomean of the ratios: " + "; ".join(f"{label} {fmt(value)}" for label, value in geomeans(result))]
+    spreads = [(row["case"], repeat_spread(row)) for row in result["rows"]]
+    spreads = [(c, s) for c, s in spreads if s is not None]
+    if spreads:
+        worst = max(spreads, key=lambda t: t[1])
+        lines += ["", f"Repeat: the subject timed again in a separate pass differs from the first pass by at most "
+                      f"{worst[1]:.2f}% per row (worst {worst[0]}; median {sorted(s for _, s in spreads)[len(spreads) // 2]:.2f}%)."]
+    errors = [(row["case"], n, p["error"]) for row in result["rows"] for n, p in row["providers"].items() if "error" in p]
+    if errors:
+        lines += ["", "Providers without a time:"] + [f"- {c} {n}: {e[:160]}" for c, n, e in errors]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(result: Mapping[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["# " + json.dumps(result["fingerprint"], sort_keys=True)])
+    w.writerow(["case", "dtype", "M", "N", "bytes", "provider", "us", "iqr_us", "gbps", "pct_copy", "graph",
+                "ratio_vs_provider", "repeat_us", "error"])
+    for row in result["rows"]:
+        for name, p in row["providers"].items():
+            r = ratio(row, name) if name != SUBJECT else 1.0
+            w.writerow([row["case"], row["dtype"], *row["shape"], row["bytes"], name, p.get("us", ""),
+                        p.get("iqr_us", ""), p.get("gbps", ""), p.get("pct_copy", ""), p.get("graph", ""),
+                        r if r is not None else "", ";".join(f"{v:.3f}" for v in p.get("repeat_us", [])),
+                        p.get("error", "")])
+    return buf.getvalue()
+
+
+def chart(result: Mapping[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows, peers = result["rows"], result["baselines"]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows)), 4.5))
+    width = 0.8 / max(1, len(peers))
+    for i, p in enumerate(peers):
+        vals = [ratio(r, p) or 0 for r in rows]
+        ax.bar([x + i * width for x in range(len(rows))], vals, width, label=p)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], [r["case"].split(":")[-1] for r in rows],
+                  rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("baseline µs / ours (>1: ours faster)")
+    fp = result["fingerprint"]
+    ax.set_title(f"{result['subject']} - {fp.get('gpu', '?')}, {fp.get('date', '')[:10]}, copy "
+                 f"{result['copy_gbps']:.0f} GB/s", fontsize=9)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(result: Mapping[str, Any], out_dir: str | Path, stem: str = "bench") -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "csv": out / f"{stem}.csv", "md": out / f"{stem}.md",
+             "png": out / f"{stem}.png"}
+    paths["json"].write_text(json.dumps(result, indent=1))
+    paths["csv"].write_text(to_csv(result))
+    paths["md"].write_text(markdown(result))
+    chart(result, paths["png"])
+    return paths
