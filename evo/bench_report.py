@@ -107,8 +107,8 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 def to_csv(result: Mapping[str, Any]) -> str:
     buf = io.StringIO()
+    buf.write("# " + json.dumps(result["fingerprint"], sort_keys=True) + "\n")
     w = csv.writer(buf)
-    w.writerow(["# " + json.dumps(result["fingerprint"], sort_keys=True)])
     w.writerow(["case", "dtype", "M", "N", "bytes", "provider", "us", "iqr_us", "gbps", "pct_copy", "graph",
                 "ratio_vs_provider", "repeat_us", "error"])
     for row in result["rows"]:

@@ -1,0 +1,60 @@
+"""The bench report on the CPU, from a synthetic bench result with known numbers: worst rows first, ratios and
+geomeans, the repeat spread, unavailable and failing providers, CSV, PNG and the `--from` re-render."""
+import json
+import math
+
+from kernel_factory.evo import bench_report, cli
+from kernel_factory.evo.bench import SUBJECT
+
+
+def result():
+    def row(n, ours, eager, quack, repeat):
+        return {"case": f"bfloat16:1024x{n}", "dtype": "bfloat16", "shape": [1024, n], "bytes": 4 * 1024 * n,
+                "providers": {SUBJECT: {"us": ours, "iqr_us": 0.1, "gbps": 1.0, "pct_copy": 50.0, "graph": n < 512,
+                                        "repeat_us": [repeat]},
+                              "torch_eager": {"us": eager, "gbps": 1.0, "pct_copy": 40.0, "graph": False},
+                              "quack": quack, "liger": {"error": "unavailable: liger-kernel is not installed"}}}
+    return {"format": "kernel-factory-bench/1", "problem": "rmsnorm_fwd", "subject": "genome abc",
+            "baselines": ["torch_eager", "quack", "liger"], "reps": 50, "repeat": 2, "graph_below_us": 30.0,
+            "copy_gbps": 4200.0, "wall_s": 1.0, "fingerprint": {"gpu": "TEST GPU", "date": "2026-11-30T00:00:00"},
+            "rows": [row(256, 10.0, 20.0, {"us": 12.0}, 10.1),        # 1.2x the best peer
+                     row(4096, 50.0, 60.0, {"us": 40.0}, 50.5),       # 0.8x: the worst row
+                     row(8192, 90.0, 100.0, {"error": "failed: too much shared memory"}, 90.0)]}
+
+
+def test_worst_rows_first_and_ratios():
+    r = result()
+    order = [row["case"] for row in bench_report.worst_first(r)]
+    assert order == ["bfloat16:1024x4096", "bfloat16:1024x8192", "bfloat16:1024x256"]
+    assert bench_report.ratio(r["rows"][1], "quack") == 0.8
+    gm = dict(bench_report.geomeans(r))
+    assert math.isclose(gm["vs torch_eager"], (2.0 * 1.2 * (100 / 90)) ** (1 / 3))
+    assert math.isclose(gm["vs best peer"], (1.2 * 0.8 * (100 / 90)) ** (1 / 3))
+    assert gm["vs liger"] is None
+
+
+def test_markdown_says_what_happened():
+    md = bench_report.markdown(result())
+    lines = md.splitlines()
+    table = [l for l in lines if l.startswith("| bfloat16")]
+    assert table[0].startswith("| bfloat16:1024x4096") and "fails" in table[1] and "n/a" in table[0]
+    assert "10.0 g" in table[2]   # the short row was graph-timed
+    assert "at most 1.00% per row (worst bfloat16:1024x4096" in md
+    assert "TEST GPU" in md and "too much shared memory" in md
+
+
+def test_files_and_rerender(tmp_path, capsys):
+    paths = bench_report.write(result(), tmp_path)
+    assert paths["png"].stat().st_size > 1000
+    csv_text = paths["csv"].read_text()
+    assert csv_text.startswith("# {") and "bfloat16:1024x4096,bfloat16,1024,4096" in csv_text
+    assert json.loads(paths["json"].read_text())["subject"] == "genome abc"
+    assert cli.main(["bench", "--from", str(paths["json"])]) == 0
+    out = capsys.readouterr().out
+    assert "re-rendered from" in out and "nothing was timed now" in out
+
+
+def test_bench_without_gpu_is_one_clear_line(capsys):
+    assert cli.main(["bench", "--genes", "{}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--from" in err
