@@ -201,7 +201,12 @@ def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:
     if kind == "table":
         from kernel_factory.evo import dispatch
         table = dispatch.load(value)
-        return Subject(f"dispatch table {value}", lambda case: dispatch.genes_for(table, case.dtype, case.shape[-1]))
+        def genes_for(case: Case) -> Mapping[str, GeneValue]:
+            found = dispatch.lookup(table, case.dtype, case.shape[-1])
+            if found is None:
+                raise ConfigError(f"--table {value!r} has no entry for {case.dtype}")
+            return {**problem.space.defaults(), **found[0].gene_dict}
+        return Subject(f"dispatch table {value}", genes_for)
     if kind == "run":
         genes = run_best_genes(value, problem)
         return Subject(f"best of run {value}", lambda case: genes)

@@ -83,6 +83,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
         (folder / PRIOR_FILE).write_text("".join(json.dumps(r.to_json()) + "\n" for r in prior))
     history = History(prior)
     seeds = [r.genome for r in history.best(cfg.search.warm_start.count)] if cfg.search.warm_start.enabled else []
+    seeds += table_seeds(cfg.search.seeds_from, run.problem, getattr(evaluator, "space", run.problem.space))
     observers = build.make_observers(run)
     resolved = replace(cfg, dtypes=tuple(sorted({c.dtype for c in run.cases})),
                        evaluator=replace(cfg.evaluator, kind=kind, baseline=run.baseline))
@@ -108,6 +109,19 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
         for obs in observers:
             obs.on_end(summary)
     return summary
+
+
+def table_seeds(path: str | None, problem, space) -> list:
+    """The genomes of a dispatch table that are feasible in this run's space (per-shape winners of earlier runs)."""
+    if not path:
+        return []
+    from kernel_factory.evo import dispatch
+    table = dispatch.load(path)
+    if table.get("problem") != problem.name:
+        raise ConfigError(f"config key 'search.seeds_from': {path!r} is a table for {table.get('problem')!r}, "
+                          f"not {problem.name!r}")
+    genomes = [dispatch.genome(table, gid) for gid in sorted(table.get("genomes", {}))]
+    return [g for g in genomes if space.why_infeasible(g.gene_dict) is None]
 
 
 def resume(run_id: str, out_dir: str = "runs") -> RunSummary:

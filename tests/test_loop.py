@@ -96,3 +96,65 @@ def test_patched_genome_is_not_recorded_under_replay(replay_config, rmsnorm):
     assert r_patched.message == "no recorded measurement for this binary"
     assert "SYNTHETIC" in ev.info.label or "SYNTHETIC" in json.dumps(dict(ev.info.fingerprint))
     ev.close()
+
+
+def test_per_case_elites_keep_every_rows_champion(replay_config, synthetic_recording):
+    from kernel_factory.evo.evaluate import recording
+    from kernel_factory.evo.loop import case_champions
+    summary, cfg = run(replay_config, "search.per_case_elites=true", "search.generations=3", "search.population=16")
+    records = journal_of(cfg, summary)
+    results = [r for r in records if r["event"] == "result" and r["result"]["times_us"]]
+    gens = [r for r in records if r["event"] == "generation"]
+    population = set(gens[-1]["population"])
+    kept = [r for r in results if r["candidate"]["id"] in population]
+    for case in results[0]["result"]["times_us"]:
+        fastest = min(r["result"]["times_us"][case] for r in results)
+        assert min(r["result"]["times_us"][case] for r in kept) == fastest, f"{case}: the fastest genome left"
+    assert case_champions([]) == []
+    assert summary.finalists == (), "a replay cannot re-time finalists"
+
+
+class Retiming:
+    """Wraps the replay evaluator with a retime() that answers from the recording's times (a stand-in)."""
+
+    def __init__(self, inner):
+        self.inner, self.info, self.asked = inner, inner.info, []
+        self.space = inner.space
+
+    def evaluate(self, candidates):
+        return self.inner.evaluate(candidates)
+
+    def retime(self, candidates):
+        self.asked += [c.id for c in candidates]
+        return [{"candidate_id": c.id, "status": "ok", "speedup": 1.0} for c in candidates]
+
+    def close(self):
+        self.inner.close()
+
+
+def test_finalists_are_the_hall_of_fame_top_and_case_champions(replay_config, monkeypatch):
+    from kernel_factory.evo import build
+    made = {}
+
+    def make(run, kind):
+        made["ev"] = Retiming(original(run, kind))
+        return made["ev"]
+    original = build.make_evaluator
+    monkeypatch.setattr(build, "make_evaluator", make)
+    summary, cfg = run(replay_config, "search.finalists=2", "search.per_case_elites=true")
+    asked = made["ev"].asked
+    assert asked[:2] == [c.id for c, _ in summary.hall_of_fame[:2]]
+    assert len(asked) == len(set(asked)) and len(asked) >= 2
+    assert [f["candidate_id"] for f in summary.finalists] == asked
+    end = journal_of(cfg, summary)[-1]
+    assert [f["candidate_id"] for f in end["finalists"]] == asked
+
+
+def test_seeds_from_a_dispatch_table_join_generation_zero(replay_config, tmp_path, synthetic_recording):
+    from kernel_factory.evo import export
+    table_path = tmp_path / "table.json"
+    export.export("rmsnorm_fwd", [str(synthetic_recording)], table_path)
+    table = json.loads(table_path.read_text())
+    summary, cfg = run(replay_config, f"search.seeds_from={table_path}")
+    first = {r["candidate"]["id"] for r in journal_of(cfg, summary) if r["event"] == "result" and r["generation"] == 0}
+    assert set(table["genomes"]) <= first
