@@ -167,7 +167,8 @@ def run(problem_name: str, subject_spec: Mapping[str, str], shapes: str, dtypes:
                           f"with `kernel-factory bench --from BENCH.json`")
     subject = make_subject(problem, subject_spec)
     cases = parse_cases(problem, shapes, dtypes)
-    wanted = list(baselines if baselines is not None else problem.baselines)
+    own = "factory_op" if subject.genes_for is None else None   # the op cannot be its own baseline
+    wanted = [b for b in (baselines if baselines is not None else problem.baselines) if b != own]
     unknown = [b for b in wanted if b not in problem.baselines]
     if unknown:
         raise ConfigError(f"--baselines: {problem.name} has no baseline {unknown[0]!r}; it has "

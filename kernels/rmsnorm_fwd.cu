@@ -8,6 +8,16 @@
 // warp-per-row). Each thread walks its row in VEC_BYTES-wide vectors, strided by TPR. The first REG_VECS vectors of
 // each thread stay in registers between the two passes (KEEP_X); the rest is re-read for the second pass.
 // Rows whose length or alignment rules out vector access take a scalar path, so any (M, N) is correct.
+//
+// Wide rows (genes whose defaults leave the kernel above unchanged):
+// - STAGE_SMEM: the part of the row that is not kept in registers is copied once into dynamic shared memory during
+//   the first pass (cp.async per thread, or TMA bulk copies completing on an mbarrier) and the second pass reads it
+//   from there instead of from global memory. The launch passes `staged` = 0 when the slice would not fit in shared
+//   memory; the kernel then takes the unstaged path.
+// - CLUSTER > 1: one row per thread-block cluster; CTA `rank` normalizes the rank-th slice (whole vectors) of the
+//   row and the partial sums of squares are exchanged through distributed shared memory. Grid = M * CLUSTER.
+// - PERSISTENT: a grid of about one wave of CTAs loops over the rows; on the staged path each thread starts loading
+//   its part of its next row while it finishes the current one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -25,6 +35,10 @@
 #define REDUCE_SMEM 1     // shared-memory tree over the row's threads
 #define RSQRT_APPROX 0    // rsqrt.approx.ftz.f32
 #define RSQRT_PRECISE 1   // 1 / sqrt, IEEE round-to-nearest
+#define STAGE_NONE 0      // the second pass re-reads x from global memory (L2 when it is still there)
+#define STAGE_SMEM 1      // the second pass reads x from dynamic shared memory, filled during the first pass
+#define STAGE_COPY_CP_ASYNC 0   // cp.async.cg.shared.global, 16 (or 8) bytes per thread and vector
+#define STAGE_COPY_BULK 1       // cp.async.bulk.shared::cluster.global (TMA), completion counted on an mbarrier
 
 // ---- genes (defaults) ------------------------------------------------------------------------------------------
 #ifndef DTYPE
@@ -57,6 +71,18 @@
 #ifndef UNROLL
 #define UNROLL 2
 #endif
+#ifndef STAGE
+#define STAGE STAGE_NONE
+#endif
+#ifndef STAGE_COPY
+#define STAGE_COPY STAGE_COPY_CP_ASYNC
+#endif
+#ifndef CLUSTER
+#define CLUSTER 1
+#endif
+#ifndef PERSISTENT
+#define PERSISTENT 0
+#endif
 
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;
@@ -72,6 +98,12 @@ constexpr int WORDS = VEC_BYTES / 4;                          // 32-bit words pe
 constexpr int REG_VECS = KEEP_X ? 128 / VEC_BYTES : 0;        // vectors per thread kept in registers (128 bytes)
 static_assert(THREADS % ROWS_PER_CTA == 0 && TPR % 32 == 0, "a row needs whole warps");
 static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
+static_assert(CLUSTER == 1 || CLUSTER == 2 || CLUSTER == 4 || CLUSTER == 8, "portable cluster sizes only");
+static_assert(CLUSTER == 1 || (ROWS_PER_CTA == 1 && !PERSISTENT),
+              "a cluster normalizes one row and is not persistent");
+static_assert(STAGE_COPY == STAGE_COPY_CP_ASYNC || (STAGE == STAGE_SMEM && VEC_BYTES == 16),
+              "bulk copies stage 16-byte vectors");
+static_assert(STAGE == STAGE_NONE || LOAD != LOAD_CP_ASYNC, "staging replaces the cp.async ring");
 
 struct vec_t { unsigned int w[WORDS]; };
 
@@ -244,37 +276,274 @@ __device__ __forceinline__ void normalize_store(const vec_t& xv, const float* w,
   store_vec(y, pack(f));
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
-rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ w, elem_t* __restrict__ y,
-            float* __restrict__ rstd_out, int M, int N, float eps) {
-  __shared__ float red[RED_SLOTS];
+__device__ __forceinline__ unsigned int smem_addr(const void* p) {
+  return (unsigned int)__cvta_generic_to_shared(p);
+}
+
+// ---- KF-EDIT-BEGIN stage_copy -------------------------------------------------------------------------------------
+// Staging copies for STAGE_SMEM. cp_async needs only cp_async_vec (above): each thread copies, and later reads, its
+// own vectors. bulk: TMA copies of a whole contiguous range, counted on an mbarrier (the transaction count), which
+// every thread of the row waits on by phase parity.
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// Makes the initialized mbarrier visible to the async proxy (the TMA unit), before its first use.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_bytes(unsigned long long* bar, unsigned int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned int parity) {
+  asm volatile("{\n"
+               " .reg .pred ready;\n"
+               "KF_MBAR_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 ready, [%0], %1;\n"
+               " @!ready bra KF_MBAR_WAIT;\n"
+               "}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+// 16-byte aligned source, destination and size. The destination is this CTA's own shared memory, which is a valid
+// shared::cluster address; completion is counted in bytes on `bar`.
+__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned int bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(smem_addr(smem)), "l"(gmem), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+// A staged vector back from shared memory in one access (a vec_t* alone only promises 4-byte alignment). volatile:
+// it must stay after the wait that completes the copy.
+__device__ __forceinline__ vec_t load_staged(const vec_t* p) {
+  vec_t v;
+#if VEC_BYTES == 16
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "r"(smem_addr(p)));
+#else
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.w[0]), "=r"(v.w[1]) : "r"(smem_addr(p)));
+#endif
+  return v;
+}
+// Orders this CTA's earlier generic-proxy accesses to shared memory before later async-proxy (TMA) writes.
+__device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// ---- KF-EDIT-END stage_copy ---------------------------------------------------------------------------------------
+
+// ---- KF-EDIT-BEGIN cluster_reduce ---------------------------------------------------------------------------------
+#if CLUSTER > 1
+__device__ __forceinline__ int cluster_rank() {
+  unsigned int r;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return (int)r;
+}
+__device__ __forceinline__ int cluster_ctas() {
+  unsigned int n;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return (int)n;
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+
+// The row's sum over the cluster; every thread of every CTA calls it once. Thread j stores this CTA's partial into
+// slot [rank] of CTA j's `part` (DSMEM: mapa + st.shared::cluster), then one cluster barrier (release/acquire)
+// publishes all slots. After it no CTA touches another's shared memory, so any CTA may exit. Every CTA adds the
+// slots in the same order, so all of them normalize with the same rstd.
+__device__ __forceinline__ float cluster_sum(float partial, float* part, int rank) {
+  cluster_wait();                      // pairs with the arrive at kernel start: every CTA of the cluster is running
+  if (threadIdx.x < CLUSTER) {
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote) : "r"(smem_addr(part + rank)), "r"((unsigned int)threadIdx.x));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(partial) : "memory");
+  }
+  cluster_arrive();
+  cluster_wait();
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < CLUSTER; ++i) s += part[i];
+  return s;
+}
+#else
+__device__ __forceinline__ float cluster_sum(float partial, float*, int) { return partial; }
+#endif
+// ---- KF-EDIT-END cluster_reduce -----------------------------------------------------------------------------------
+
+#if PERSISTENT
+// CTAs per SM that one resident wave assumes. The launch bound makes the compiler fit that many by registers; the
+// launch (problems/rmsnorm_fwd.py, persistent_ctas_per_sm) uses the same formula and also counts shared memory.
+// Registers per thread, measured on ptxas' reports: keep_x's row part plus the next row's loads in flight need
+// about 120, the rest about 56, plus the vectors in flight.
+constexpr int REG_BUDGET = (KEEP_X ? 120 : 56) + UNROLL * VEC_BYTES / 4;
+constexpr int PERSIST_BY_REGS = 65536 / (THREADS * ((REG_BUDGET + 7) / 8 * 8));
+constexpr int PERSIST_CTAS = PERSIST_BY_REGS < 1 ? 1 : (PERSIST_BY_REGS > 2048 / THREADS ? 2048 / THREADS
+                                                                                          : PERSIST_BY_REGS);
+#define KF_BOUNDS __launch_bounds__(THREADS, PERSIST_CTAS)
+#else
+#define KF_BOUNDS __launch_bounds__(THREADS)
+#endif
+
+extern "C" __global__ void KF_BOUNDS
+rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem_t* __restrict__ y,
+            float* __restrict__ rstd_out, int M, int N, float eps, int staged) {
+  __shared__ float red[RED_SLOTS * (1 + PERSISTENT)];   // persistent: two buffers, alternating by row
 #if LOAD == LOAD_CP_ASYNC
   __shared__ __align__(16) unsigned char ring[(UNROLL + 1) * THREADS * VEC_BYTES];
 #endif
   const int grp = threadIdx.x / TPR;          // row group inside the CTA
   const int lane = threadIdx.x % TPR;         // thread inside the row
-  const int row = blockIdx.x * ROWS_PER_CTA + grp;
+#if CLUSTER > 1
+  __shared__ float cluster_part[CLUSTER];
+  const int rank = cluster_rank();
+  if (cluster_ctas() != CLUSTER) __trap();    // launched without its cluster: the DSMEM exchange cannot work
+  cluster_arrive_relaxed();                   // waited for in cluster_sum, before the first remote store
+#else
+  constexpr int rank = 0;
+  float* const cluster_part = nullptr;
+#endif
+#if STAGE == STAGE_SMEM
+  extern __shared__ __align__(16) unsigned char stage_buf[];
+  vec_t skept[REG_VECS > 0 ? REG_VECS : 1];   // the staged path's register part (loaded ahead when persistent)
+  bool prefetched = false;                    // this thread's part of its row is already on its way
+#endif
+#if STAGE == STAGE_SMEM && STAGE_COPY == STAGE_COPY_BULK
+  __shared__ __align__(8) unsigned long long stage_bar[ROWS_PER_CTA];
+  unsigned int stage_phase = 0;               // parity of this row group's next mbarrier phase
+  if (threadIdx.x == 0) {
+    for (int g = 0; g < ROWS_PER_CTA; ++g) mbar_init(&stage_bar[g], 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+#endif
+
+#if PERSISTENT
+  // One wave of CTAs walks the rows; the loop bound is uniform over the CTA, so every barrier is reached by all.
+  const int row_step = gridDim.x * ROWS_PER_CTA;
+  int parity = 0;
+  for (int first = blockIdx.x * ROWS_PER_CTA; first < M; first += row_step, parity ^= 1) {
+    float* const rbuf = red + parity * RED_SLOTS;
+#define KF_ROW_DONE continue
+#else
+  {
+    const int first = blockIdx.x / CLUSTER * ROWS_PER_CTA;
+    float* const rbuf = red;
+#define KF_ROW_DONE return
+#endif
+  const int row = first + grp;
   const bool active = row < M;                // inactive threads still reach every barrier
-  const elem_t* xr = x + (size_t)(active ? row : 0) * N;
-  elem_t* yr = y + (size_t)(active ? row : 0) * N;
+#if CLUSTER > 1
+  // This CTA's slice of the row: [lo, hi), `slice` elements (whole vectors) per CTA; the last may be short or empty.
+  const int slice = ((N + VEC - 1) / VEC + CLUSTER - 1) / CLUSTER * VEC;
+  const int lo = min(N, rank * slice), hi = min(N, lo + slice);
+#else
+  const int slice = N;
+  constexpr int lo = 0;
+  const int hi = N;
+#endif
+  const elem_t* xr = x + (size_t)(active ? row : 0) * N + lo;
+  elem_t* yr = y + (size_t)(active ? row : 0) * N + lo;
+  const float* const w = weight + lo;
 
   const bool vector_ok = (N % VEC == 0) &&
                          (((unsigned long long)x | (unsigned long long)y) % VEC_BYTES == 0) &&
-                         ((unsigned long long)w % (VEC % 4 == 0 ? 16 : 8) == 0);
+                         ((unsigned long long)weight % (VEC % 4 == 0 ? 16 : 8) == 0);
   if (!vector_ok) {
     // Scalar path: any N, any alignment.
     float ss = 0.f;
     if (active)
-      for (int i = lane; i < N; i += TPR) { const float f = to_float(xr[i]); ss = fmaf(f, f, ss); }
-    const float rstd = inv_rms(row_sum(ss, red, lane, grp), N, eps);
+      for (int i = lane; i < hi - lo; i += TPR) { const float f = to_float(xr[i]); ss = fmaf(f, f, ss); }
+    const float rstd = inv_rms(cluster_sum(row_sum(ss, rbuf, lane, grp), cluster_part, rank), N, eps);
     if (active) {
-      for (int i = lane; i < N; i += TPR) yr[i] = (elem_t)(to_float(xr[i]) * rstd * __ldg(w + i));
-      if (lane == 0 && rstd_out) rstd_out[row] = rstd;
+      for (int i = lane; i < hi - lo; i += TPR) yr[i] = (elem_t)(to_float(xr[i]) * rstd * __ldg(w + i));
+      if (lane == 0 && rank == 0 && rstd_out) rstd_out[row] = rstd;
     }
-    return;
+    KF_ROW_DONE;
   }
 
-  const int nv = active ? N / VEC : 0;        // vectors in this row
+  const int nv = active ? (hi - lo) / VEC : 0;        // vectors in this row (in this CTA's slice of it)
+#if STAGE == STAGE_SMEM
+  if (staged) {
+  // ---- KF-EDIT-BEGIN staged_row -----------------------------------------------------------------------------------
+    // Vectors [0, REG) of the slice stay in registers, [REG, nv) are staged in shared memory at sv[v - REG]; each
+    // thread owns vectors lane + k*TPR, as on the unstaged path. The launch sized stage_buf for this layout.
+    constexpr int REG = REG_VECS * TPR;
+    vec_t* const sv = reinterpret_cast<vec_t*>(stage_buf) + grp * max(0, slice / VEC - REG);
+#if PERSISTENT
+    const bool fetch_next = row + row_step < M;      // same N and alignment: the next row takes this path too
+    const elem_t* const xn = x + (size_t)(fetch_next ? row + row_step : 0) * N + lo;
+#else
+    constexpr bool fetch_next = false;
+    const elem_t* const xn = xr;
+#endif
+#if STAGE_COPY == STAGE_COPY_BULK
+#if PERSISTENT
+    __syncthreads();                                  // all reads of the previous row's staged vectors are done
+#endif
+    constexpr unsigned int BULK_CHUNK = 16384;        // bytes per TMA request; the first warp of the row issues them
+    const unsigned int stage_bytes = nv > REG ? (unsigned int)(nv - REG) * VEC_BYTES : 0u;
+    if (lane < 32 && stage_bytes > 0) {
+      if (lane == 0) {
+        async_proxy_fence();
+        mbar_expect_bytes(&stage_bar[grp], stage_bytes);
+      }
+      __syncwarp();
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(xr + (size_t)REG * VEC);
+      for (unsigned int off = lane * BULK_CHUNK; off < stage_bytes; off += 32 * BULK_CHUNK)
+        bulk_copy(reinterpret_cast<unsigned char*>(sv) + off, src + off, min(BULK_CHUNK, stage_bytes - off),
+                  &stage_bar[grp]);
+    }
+#else
+    if (!prefetched) {
+      for (int v = REG + lane; v < nv; v += TPR) cp_async_vec(&sv[v - REG], xr + (size_t)v * VEC);
+      cp_async_commit();
+    }
+#endif
+    if (!prefetched) {
+#pragma unroll
+      for (int k = 0; k < REG_VECS; ++k)
+        if (lane + k * TPR < nv) skept[k] = load_vec(xr + (size_t)(lane + k * TPR) * VEC);
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < REG_VECS; ++k)
+      if (lane + k * TPR < nv) ss += sum_squares(skept[k]);
+#if STAGE_COPY == STAGE_COPY_BULK
+    if (stage_bytes > 0) {
+      mbar_wait(&stage_bar[grp], stage_phase);
+      stage_phase ^= 1u;
+    }
+#else
+    cp_async_wait<0>();
+#endif
+#pragma unroll UNROLL
+    for (int v = REG + lane; v < nv; v += TPR) ss += sum_squares(load_staged(&sv[v - REG]));
+
+    const float rstd = inv_rms(cluster_sum(row_sum(ss, rbuf, lane, grp), cluster_part, rank), N, eps);
+    if (active) {
+      if (lane == 0 && rank == 0 && rstd_out) rstd_out[row] = rstd;
+      // Each vector is refilled with the next row's only after its value was stored: no read is overtaken.
+#pragma unroll
+      for (int k = 0; k < REG_VECS; ++k) {
+        const int v = lane + k * TPR;
+        if (v < nv) {
+          normalize_store(skept[k], w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd);
+          if (fetch_next) skept[k] = load_vec(xn + (size_t)v * VEC);
+        }
+      }
+#pragma unroll UNROLL
+      for (int v = REG + lane; v < nv; v += TPR) {
+        normalize_store(load_staged(&sv[v - REG]), w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd);
+#if STAGE_COPY == STAGE_COPY_CP_ASYNC
+        if (fetch_next) cp_async_vec(&sv[v - REG], xn + (size_t)v * VEC);
+#endif
+      }
+#if STAGE_COPY == STAGE_COPY_CP_ASYNC
+      if (fetch_next) cp_async_commit();
+#endif
+    }
+    prefetched = fetch_next;
+  // ---- KF-EDIT-END staged_row -------------------------------------------------------------------------------------
+    KF_ROW_DONE;
+  }
+#endif
   float ss = 0.f;
   vec_t kept[REG_VECS > 0 ? REG_VECS : 1];    // compile-time indices only, so it stays in registers
 
@@ -330,9 +599,9 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ w, elem_t* _
 #endif
   // ---- KF-EDIT-END first_pass ----------------------------------------------------------------------------------
 
-  const float rstd = inv_rms(row_sum(ss, red, lane, grp), N, eps);
-  if (!active) return;
-  if (lane == 0 && rstd_out) rstd_out[row] = rstd;
+  const float rstd = inv_rms(cluster_sum(row_sum(ss, rbuf, lane, grp), cluster_part, rank), N, eps);
+  if (!active) KF_ROW_DONE;
+  if (lane == 0 && rank == 0 && rstd_out) rstd_out[row] = rstd;
 
   // ---- KF-EDIT-BEGIN second_pass -------------------------------------------------------------------------------
 #pragma unroll
@@ -354,4 +623,6 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ w, elem_t* _
     }
   }
   // ---- KF-EDIT-END second_pass ---------------------------------------------------------------------------------
+  }
+#undef KF_ROW_DONE
 }

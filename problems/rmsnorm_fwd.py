@@ -5,10 +5,12 @@ correctness, model widths held out), tolerances, baselines and the kernel templa
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from kernel_factory.evo.inputs import plant_special_rows
 from kernel_factory.evo.protocols import Launch, MissingBaseline
 from kernel_factory.evo.types import Case, Gene, GeneSpace, GeneValue
 from kernel_factory.kernels import templates
@@ -17,16 +19,47 @@ EPS = 1e-6
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 MAX_STATIC_SMEM = 48 * 1024
 REGS_PER_SM = 65536
+# The H200 the factory targets (constants, so that launch plans never query a GPU): its SM count, and sm_90's
+# shared memory per SM, per CTA (static + dynamic, opt-in) and reserved by the system for each resident CTA.
+SMS = 132
+SMEM_PER_SM = 228 * 1024
+MAX_SMEM_PER_CTA = 227 * 1024
+RESERVED_SMEM_PER_CTA = 1024
+SMEM_SLACK = 1024          # static shared memory beyond static_smem()'s count (alignment, compiler extras)
+KEPT_BYTES = 128           # x bytes per thread that keep_x holds in registers (the template's REG_VECS * VEC_BYTES)
+
+
+def static_smem(g: Mapping[str, GeneValue]) -> int:
+    """Bytes of static shared memory the template declares for these genes (reduction slots, cp.async ring, cluster
+    slots, mbarriers)."""
+    threads = int(g["threads"])
+    smem = 4 * (threads if g["reduce"] == "smem" else threads // 32) * (2 if g["persistent"] else 1)
+    if g["load"] == "cp_async":
+        smem += (int(g["unroll"]) + 1) * threads * int(g["vec_bytes"])
+    if int(g["cluster"]) > 1:
+        smem += 4 * int(g["cluster"])
+    if g["stage"] == "smem" and g["stage_copy"] == "bulk":
+        smem += 8 * int(g["rows_per_cta"])
+    return smem
 
 
 def _rule(g: Mapping[str, GeneValue]) -> str | None:
-    """Reject genomes that cannot compile or launch, before the compiler sees them."""
+    """Reject genomes that cannot compile or launch, before the compiler sees them, and combinations whose extra
+    gene would mean nothing (so that the enumerated space holds no duplicates of that kind)."""
     threads, rows = int(g["threads"]), int(g["rows_per_cta"])
     if threads % rows or (threads // rows) % 32:
         return f"threads={threads} / rows_per_cta={rows} must give whole warps per row"
-    smem = 4 * (threads if g["reduce"] == "smem" else threads // 32)
-    if g["load"] == "cp_async":
-        smem += (int(g["unroll"]) + 1) * threads * int(g["vec_bytes"])
+    if g["stage"] == "none" and g["stage_copy"] != "cp_async":
+        return f"stage_copy={g['stage_copy']} only matters with stage=smem; keep the default cp_async"
+    if g["stage"] == "smem" and g["load"] == "cp_async":
+        return "stage=smem replaces load=cp_async's shared-memory ring; pick a plain, nc or nc_na load"
+    if g["stage_copy"] == "bulk" and int(g["vec_bytes"]) != 16:
+        return "stage_copy=bulk stages 16-byte vectors: needs vec_bytes=16"
+    if int(g["cluster"]) > 1 and rows != 1:
+        return f"cluster={g['cluster']} splits one row over the cluster: needs rows_per_cta=1"
+    if int(g["cluster"]) > 1 and g["persistent"]:
+        return "a cluster normalizes one row per launch slot: persistent needs cluster=1"
+    smem = static_smem(g)
     if smem > MAX_STATIC_SMEM:
         return f"{smem} B of static shared memory exceeds {MAX_STATIC_SMEM} B"
     # x kept in registers costs 32 registers; each in-flight vector costs vec_bytes/4; ~28 for the rest.
@@ -49,9 +82,63 @@ SPACE = GeneSpace(
         Gene("reduce", ("shfl", "smem"), "shfl", kind="ptx", doc="shfl.sync.bfly butterfly | shared-memory tree"),
         Gene("rsqrt", ("approx", "precise"), "approx", kind="ptx", doc="rsqrt.approx.ftz.f32 | 1/sqrt (IEEE)"),
         Gene("unroll", (1, 2, 4), 2, doc="vectors in flight per thread (cp.async: pipeline depth)"),
+        Gene("stage", ("none", "smem"), "none",
+             doc="second pass re-reads x from global | from dynamic shared memory filled in the first pass"),
+        Gene("stage_copy", ("cp_async", "bulk"), "cp_async", kind="ptx",
+             doc="staging copy: cp.async.cg per thread | cp.async.bulk (TMA) with an mbarrier"),
+        Gene("cluster", (1, 2, 4, 8), 1, doc="CTAs of a thread-block cluster that share one row (sums via DSMEM)"),
+        Gene("persistent", (False, True), False, doc="one wave of CTAs loops over the rows (staged: prefetch)"),
     ),
     rule=_rule,
 )
+
+
+def kept_vectors(g: Mapping[str, GeneValue]) -> int:
+    """Vectors of a row (slice) held in registers by all TPR threads together: the template's REG_VECS * TPR."""
+    tpr = int(g["threads"]) // int(g["rows_per_cta"])
+    return (KEPT_BYTES // int(g["vec_bytes"]) if g["keep_x"] else 0) * tpr
+
+
+def staged_bytes(g: Mapping[str, GeneValue], n: int, dtype: str) -> int | None:
+    """Dynamic shared memory for the staged path (the template's stage_buf: rows_per_cta slices, each less its
+    register part), or None where rows of width n take the scalar path (n not a multiple of the vector)."""
+    vec = int(g["vec_bytes"]) // DTYPE_BYTES[dtype]
+    if n % vec:
+        return None
+    slice_vecs = -(-(n // vec) // int(g["cluster"]))
+    return int(g["rows_per_cta"]) * max(0, slice_vecs - kept_vectors(g)) * int(g["vec_bytes"])
+
+
+def persistent_ctas_per_sm(g: Mapping[str, GeneValue], dynamic_smem: int) -> int:
+    """Resident CTAs per SM of a persistent genome: the template's PERSIST_CTAS (its launch bound makes the compiler
+    fit that many by registers), fewer where shared memory allows fewer."""
+    threads = int(g["threads"])
+    budget = (120 if g["keep_x"] else 56) + int(g["unroll"]) * int(g["vec_bytes"]) // 4
+    by_regs = min(max(1, REGS_PER_SM // (threads * (-(-budget // 8) * 8))), 2048 // threads)
+    by_smem = SMEM_PER_SM // (static_smem(g) + SMEM_SLACK + dynamic_smem + RESERVED_SMEM_PER_CTA)
+    return max(1, min(by_regs, by_smem))
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """The geometry launch() derives from genes and a case: CTAs in the grid, cluster size, dynamic shared memory
+    and the `staged` flag the kernel receives (1: stage_buf holds the slice; 0: take the unstaged path)."""
+
+    grid: int
+    cluster: int
+    shared_bytes: int
+    staged: int
+
+
+def launch_shape(g: Mapping[str, GeneValue], m: int, n: int, dtype: str) -> LaunchShape:
+    rows, cluster = int(g["rows_per_cta"]), int(g["cluster"])
+    need = staged_bytes(g, n, dtype) if g["stage"] == "smem" else None
+    fits = need is not None and static_smem(g) + SMEM_SLACK + need <= MAX_SMEM_PER_CTA
+    dynamic = need if fits else 0
+    ctas = -(-m // rows)
+    if g["persistent"]:
+        ctas = min(ctas, SMS * persistent_ctas_per_sm(g, dynamic))
+    return LaunchShape(grid=ctas * cluster, cluster=cluster, shared_bytes=dynamic, staged=int(fits))
 
 BENCHMARK = ((32768, 256), (32768, 512), (32768, 1024), (32768, 2048), (32768, 4096), (32768, 8192),
              (32768, 16384), (32768, 32768), (32768, 65536), (16384, 131072), (8192, 262144))
@@ -76,7 +163,10 @@ class RmsNormForward:
     space = SPACE
     dtypes = ("bfloat16", "float16", "float32")
     shape_sets = {"benchmark": BENCHMARK, "correctness": CORRECTNESS, "heldout": HELDOUT}
-    baselines = ("torch_eager", "torch_compile", "quack", "liger")
+    # torch_eager is the search's default. quack_tuned autotunes per shape at its first call (tens of seconds);
+    # int21 is INT21's RMSNorm-H100 (import name `rmsnorm`, JIT-built on first use) when it is importable;
+    # factory_op is this project's exported library op (kernels/rmsnorm.py), for `kernel-factory bench --op`.
+    baselines = ("torch_eager", "torch_compile", "quack", "quack_tuned", "liger", "int21", "factory_op")
 
     def template(self) -> str:
         return templates.read("rmsnorm_fwd.cu")
@@ -115,10 +205,35 @@ class RmsNormForward:
     def launch(self, genes: Mapping[str, GeneValue], case: Case, inputs: Mapping[str, Any],
                outputs: Mapping[str, Any]) -> Launch:
         m, n = case.shape
-        rows = int(genes["rows_per_cta"])
-        return Launch(grid=((m + rows - 1) // rows, 1, 1), block=(int(genes["threads"]), 1, 1), shared_bytes=0,
+        shape = launch_shape(genes, m, n, case.dtype)
+        return Launch(grid=(shape.grid, 1, 1), block=(int(genes["threads"]), 1, 1), shared_bytes=shape.shared_bytes,
                       args=(inputs["x"], inputs["w"], outputs["y"], outputs["rstd"], np.int32(m), np.int32(n),
-                            np.float32(EPS)))
+                            np.float32(EPS), np.int32(shape.staged)),
+                      cluster=(shape.cluster, 1, 1) if shape.cluster > 1 else None)
+
+    def expected_sass(self, genes: Mapping[str, GeneValue], dtype: str) -> list[tuple[str, bool, str]]:
+        """What each PTX choice must leave in the binary (opcode regex, present?, why); the GPU evaluator flags
+        a candidate whose SASS contradicts its genes. tests/test_sass.py checks the same facts on the CPU."""
+        width = "128" if genes["vec_bytes"] == 16 else "64"
+        out = [(rf"STG\.E(\.EF)?\.{width}", True, f"{genes['vec_bytes']}-byte vector stores"),
+               (r"STG\.E\.EF.*", genes["store"] == "cs", "st.global.cs is an evict-first store"),
+               (r"SHFL\.BFLY.*", genes["reduce"] == "shfl", "shfl.sync.bfly reduction")]
+        if genes["rsqrt"] == "approx":   # (the precise path's IEEE sqrt uses MUFU.RSQ too, so only this way round)
+            out.append((r"MUFU\.RSQ.*", True, "rsqrt.approx.ftz.f32"))
+        if genes["load"] == "nc_na":
+            out.append((r"LDG\.E\.NA\..*", True, "ld.global.nc.L1::no_allocate"))
+        if genes["load"] == "cp_async" or genes["stage"] == "smem":
+            out.append((r"LDGSTS.*", genes["stage_copy"] == "cp_async", "cp.async into shared memory"))
+        if genes["stage"] == "smem" and genes["stage_copy"] == "bulk":
+            out.append((r"UBLKCP.*", True, "cp.async.bulk (TMA) staging"))
+        out.append((r"UCGABAR_ARV.*", int(genes["cluster"]) > 1, "barrier.cluster across the row's CTAs"))
+        return out
+
+    def special_inputs(self, case: Case, seed: int, device: str) -> dict[str, Any]:
+        """Random inputs with adversarial rows planted in x (zero, huge, tiny, denormal, dtype extremes)."""
+        inputs = self.make_inputs(case, seed, device)
+        plant_special_rows(inputs["x"], _torch().Generator(device=device).manual_seed(seed ^ 0x5EED))
+        return inputs
 
     def baseline(self, name: str, case: Case, inputs: Mapping[str, Any]) -> Callable[[], Mapping[str, Any]]:
         torch = _torch()
@@ -132,11 +247,18 @@ class RmsNormForward:
             fn = torch.compile(_compiled_reference, dynamic=False)
             return lambda: {"y": fn(x, w)}
         if name == "quack":
-            try:
-                from quack.rmsnorm import rmsnorm_fwd
-            except ImportError as exc:
-                raise MissingBaseline(f"quack is not installed ({exc})") from exc
-            return lambda: {"y": rmsnorm_fwd(x, w, eps=EPS)[0]}
+            quack = _peer("quack.rmsnorm", "rmsnorm_fwd")
+            return lambda: dict(zip(("y", "rstd"), quack.rmsnorm_fwd(x, w, eps=EPS, store_rstd=True)[::2]))
+        if name == "quack_tuned":
+            quack = _peer("quack.rmsnorm", "rmsnorm_fwd_tuned")
+            y, rstd = torch.empty_like(x), torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+            return lambda: (quack.rmsnorm_fwd_tuned(x, w, y, rstd=rstd, eps=EPS), {"y": y, "rstd": rstd})[1]
+        if name == "int21":
+            int21 = _peer("rmsnorm", "rmsnorm_fwd")
+            return lambda: dict(zip(("y", "rstd"), int21.rmsnorm_fwd(x, w, eps=EPS, store_rstd=True)[::2]))
+        if name == "factory_op":
+            from kernel_factory.kernels import rmsnorm as op
+            return lambda: dict(zip(("y", "rstd"), op.rmsnorm_fwd(x, w, eps=EPS, store_rstd=True)[::2]))
         if name == "liger":
             try:
                 from liger_kernel.ops.rms_norm import rms_norm_forward
@@ -144,6 +266,18 @@ class RmsNormForward:
                 raise MissingBaseline(f"liger-kernel is not installed ({exc})") from exc
             return lambda: {"y": rms_norm_forward(x, w, EPS, 0.0, "llama", None)[0]}
         raise MissingBaseline(f"unknown baseline {name!r}; this problem has {', '.join(self.baselines)}")
+
+
+def _peer(module: str, function: str) -> Any:
+    """A peer's module by import name, or MissingBaseline saying what is missing."""
+    import importlib
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingBaseline(f"{module} is not importable here ({exc})") from exc
+    if not hasattr(mod, function):
+        raise MissingBaseline(f"{module} has no {function} (another package of that name?)")
+    return mod
 
 
 def _compiled_reference(x, w):

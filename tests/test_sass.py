@@ -44,3 +44,39 @@ def test_reduction_and_rsqrt(rmsnorm):
     # precise = IEEE sqrt then IEEE division: extra reciprocal refinements beyond the mean's division
     approx, precise = sass_of(rmsnorm, rsqrt="approx"), sass_of(rmsnorm, rsqrt="precise")
     assert approx["MUFU.RSQ"] > 0 and precise["MUFU.RCP"] > approx["MUFU.RCP"]
+
+
+def test_staging_copies_reach_the_binary(rmsnorm):
+    default = sass_of(rmsnorm)
+    cp, bulk = sass_of(rmsnorm, stage="smem"), sass_of(rmsnorm, stage="smem", stage_copy="bulk")
+    assert has(cp, "LDGSTS") and not has(default, "LDGSTS") and not has(bulk, "LDGSTS")
+    assert cp["LDS.128"] > default["LDS.128"] and bulk["LDS.128"] > default["LDS.128"], "staged x read back 16 B"
+    # TMA bulk copy, the mbarrier's expect-tx arrive and its phase-parity wait
+    assert has(bulk, "UBLKCP") and has(bulk, "SYNCS.ARRIVE.TRANS64") and has(bulk, "SYNCS.PHASECHK.TRANS64")
+    assert not has(cp, "UBLKCP") and not has(default, "UBLKCP") and not has(default, "SYNCS")
+
+
+def test_cluster_reduction_reaches_the_binary(rmsnorm):
+    default, cluster = sass_of(rmsnorm), sass_of(rmsnorm, cluster=4)
+    # barrier.cluster arrive/wait (start, and around the exchange) and the DSMEM store: a generic ST.E into the
+    # cluster's shared window (the template has no other generic store)
+    assert has(cluster, "UCGABAR_ARV") >= 2 and has(cluster, "UCGABAR_WAIT") >= 2 and cluster["ST.E"] > 0
+    assert not has(default, "UCGABAR") and default["ST.E"] == 0
+
+
+def test_persistent_staging_prefetches_the_next_row(rmsnorm):
+    once, persistent = sass_of(rmsnorm, stage="smem"), sass_of(rmsnorm, stage="smem", persistent=True)
+    assert persistent["LDGDEPBAR"] > once["LDGDEPBAR"], "a second cp.async group: the next row's copies"
+
+
+def test_expected_sass_holds_on_a_sample_of_the_space(rmsnorm):
+    """The facts the GPU evaluator checks for every candidate (problem.expected_sass) hold on real binaries, so a
+    flag on the GPU means the binary really contradicts its genes."""
+    import random
+    import re
+    space = list(rmsnorm.space.enumerate())
+    for genes in random.Random(11).sample(space, 6) + [rmsnorm.space.defaults()]:
+        ops = sass_of(rmsnorm, **genes)
+        for pattern, present, why in rmsnorm.expected_sass(genes, "bfloat16"):
+            found = sum(n for op, n in ops.items() if re.fullmatch(pattern, op))
+            assert bool(found) == present, (genes, pattern, why)

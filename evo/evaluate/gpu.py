@@ -3,6 +3,7 @@ that is restarted after a fault and killed past a watchdog deadline. Fitness is 
 from __future__ import annotations
 
 import multiprocessing
+import re
 import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -211,7 +212,7 @@ class GpuEvaluator:
 
     def sass_flags(self, cand: Candidate, outputs: Mapping[str, CompileOutput]) -> tuple[str, ...]:
         """Where the binary contradicts the genome: an instruction the genes select that is missing (or one they
-        rule out that is present)."""
+        rule out that is present). expected_sass(genes, dtype) gives (opcode regex, must be present, why)."""
         if not self.want_sass or cand.genome.patch:
             return ()
         flags = []
@@ -219,10 +220,10 @@ class GpuEvaluator:
             if out.opcodes is None:
                 flags.append(f"{dt}: SASS not checked (cuobjdump unavailable or failed)")
                 continue
-            for prefix, present, why in self.problem.expected_sass(cand.genome.gene_dict, dt):
-                found = sum(n for op, n in out.opcodes.items() if op.startswith(prefix))
+            for pattern, present, why in self.problem.expected_sass(cand.genome.gene_dict, dt):
+                found = sum(n for op, n in out.opcodes.items() if re.fullmatch(pattern, op))
                 if bool(found) != present:
-                    flags.append(f"{dt}: binary {'lacks' if present else 'has'} {prefix} ({why})")
+                    flags.append(f"{dt}: binary {'lacks' if present else 'has'} {pattern} ({why})")
         return tuple(flags)
 
     def result(self, cid: str, reply: Mapping[str, Any], build: Mapping[str, BuildInfo],

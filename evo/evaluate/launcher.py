@@ -54,8 +54,12 @@ def launcher(stream: Any, module: Module, plan: Launch | Sequence[Launch]) -> Ca
     calls = []
     for step in launch_steps(plan):
         module.allow_shared(step.kernel, step.shared_bytes)
-        extra = {"cluster": step.cluster} if step.cluster else {}
-        cfg = LaunchConfig(grid=step.grid, block=step.block, shmem_size=step.shared_bytes, **extra)
+        grid, extra = step.grid, {}
+        if step.cluster:
+            # Launch.grid counts CTAs; with a cluster, cuda.core's grid counts clusters.
+            grid = tuple(g // c for g, c in zip(step.grid, step.cluster))
+            extra = {"cluster": step.cluster}
+        cfg = LaunchConfig(grid=grid, block=step.block, shmem_size=step.shared_bytes, **extra)
         args = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a for a in step.args)
         calls.append((cfg, module.kernel(step.kernel), args))
 

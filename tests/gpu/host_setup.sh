@@ -1,8 +1,8 @@
 # Source this on an offline GPU host (the device machine), from the repository root, before GPU tests or runs:
-#   source tests/gpu/host_setup.sh
+#   source tests/gpu/host_setup.sh [MORE WHEEL DIRS]   (e.g. .whl-baselines and split parts of a large wheel)
 # It installs the carried wheelhouse (.whl: deap, mlflow; see README "GPU host"), then this project and the
 # plugin packages under tests/plugins/ into /tmp/kf, without build isolation and without an index.
-source .whl/install-wheels.sh .whl
+source .whl/install-wheels.sh .whl "$@"
 kf_pip() { python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/kf "$1" 2>&1 \
   | grep -v "^WARNING: Target" || true; }
 kf_pip .

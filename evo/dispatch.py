@@ -1,0 +1,150 @@
+"""The dispatch table that `kernel-factory export` writes and the library ops read (kernels/ops/<problem>.json):
+per dtype, the genome to run at each row width N that a run measured, a general genome for every other N, where
+each number came from, and optionally prebuilt sm_90a cubins next to it (kernels/ops/cubins/).
+
+The key is exact (dtype, N) and M is ignored. That is safe for row-wise kernels: each row is normalized on its own
+(a backward also sums dw over rows, but its grid, not its correctness, depends on M), every genome passed the
+problem's correctness gate at many M including M = 1 and ragged M, and M only sets how many rows the grid covers.
+The genome fastest at a large M is the one that best fills the GPU with rows of that width; at small M every genome
+is bound by launch latency and the choice matters little.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from kernel_factory.evo.config import ConfigError
+from kernel_factory.evo.evaluate import render
+from kernel_factory.evo.evaluate.compile import ARCH, CompileJob, compile_one, nvrtc_version
+from kernel_factory.evo.protocols import Problem
+from kernel_factory.evo.types import Candidate, Genome
+
+FORMAT = "kernel-factory-dispatch/1"
+CUBIN_FOLDER = "cubins"
+DISPATCH_KEY = ("exact (dtype, N), else the dtype's general genome. M is ignored: the kernels work row by row, "
+                "every genome passed the problem's correctness gate at many M (M = 1 and ragged M included), and M "
+                "only sets how many rows the grid covers; each N's genome was chosen at the largest M measured for "
+                "it, where the choice matters most.")
+
+
+class TableError(ConfigError):
+    """A dispatch table that cannot be read or used; the message names the file and what is wrong."""
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A dispatch table from disk, checked for its format and its genome references."""
+    path = Path(path)
+    try:
+        table = json.loads(path.read_text())
+    except OSError as exc:
+        raise TableError(f"cannot read dispatch table {str(path)!r}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise TableError(f"dispatch table {str(path)!r} is not JSON: {exc}") from exc
+    if not isinstance(table, dict) or table.get("format") != FORMAT:
+        raise TableError(f"{str(path)!r} is not a dispatch table (expected format {FORMAT!r}); "
+                         f"write one with `kernel-factory export`")
+    known = set(table.get("genomes", {}))
+    for dtype, entry in table.get("dtypes", {}).items():
+        used = [entry["general"]["genome"], *(e["genome"] for e in entry.get("by_n", {}).values())]
+        missing = sorted(set(used) - known)
+        if missing:
+            raise TableError(f"dispatch table {str(path)!r}: {dtype} names genomes {missing} it does not define")
+    return table
+
+
+def genome(table: Mapping[str, Any], genome_id: str) -> Genome:
+    return Genome.from_json(table["genomes"][genome_id])
+
+
+def lookup(table: Mapping[str, Any], dtype: str, n: int) -> tuple[Genome, str] | None:
+    """The genome for rows of width n in dtype and why it was chosen ("N=4096" or "general"); None when the table
+    has nothing for this dtype."""
+    entry = table.get("dtypes", {}).get(dtype)
+    if entry is None:
+        return None
+    exact = entry.get("by_n", {}).get(str(n))
+    if exact is not None:
+        return genome(table, exact["genome"]), f"N={n}"
+    return genome(table, entry["general"]["genome"]), "general"
+
+
+def cubin_name(problem_name: str, genome_id: str, dtype: str) -> str:
+    return f"{problem_name}-{genome_id}-{dtype}.cubin"
+
+
+def body_sha256(problem: Problem, genome: Genome, dtype: str) -> str:
+    """Hash of the rendered source that determines the binary (genes, dtype, patched template): a prebuilt cubin is
+    used only while the template still renders to the same source."""
+    return hashlib.sha256(render.body(problem, genome, dtype).encode()).hexdigest()
+
+
+def source(problem: Problem, genome: Genome, dtype: str) -> str:
+    """The CUDA source an op compiles for this genome (a header naming it, then the body)."""
+    return render.render(problem, Candidate(genome, operator="export"), dtype)
+
+
+def compile_cubin(problem: Problem, genome: Genome, dtype: str) -> bytes:
+    """An sm_90a cubin for one genome and dtype, compiled in this process with NVRTC (no GPU needed)."""
+    out = compile_one(CompileJob(genome.id, source(problem, genome, dtype), f"{problem.name}-{genome.id}-{dtype}.cu"))
+    if out.cubin is None:
+        raise TableError(f"genome {genome.id} ({dtype}) of {problem.name} does not compile: {out.error}"[:4000])
+    return out.cubin
+
+
+def used(table: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every (genome id, dtype) pair the table can dispatch to, sorted."""
+    pairs = set()
+    for dtype, entry in table.get("dtypes", {}).items():
+        pairs.add((entry["general"]["genome"], dtype))
+        pairs.update((e["genome"], dtype) for e in entry.get("by_n", {}).values())
+    return sorted(pairs)
+
+
+def build(problem: Problem, table: dict[str, Any], folder: str | Path) -> dict[str, Any]:
+    """Compile every genome the table dispatches to into folder/<problem>-<genome>-<dtype>.cubin, record each one
+    in table["cubins"] (file, sha256 of the bytes and of the source body, toolchain), and delete this problem's
+    cubins that the table no longer names. Returns the table."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    toolchain = nvrtc_version()
+    records = {}
+    for genome_id, dtype in used(table):
+        g = genome(table, genome_id)
+        cubin = compile_cubin(problem, g, dtype)
+        name = cubin_name(problem.name, genome_id, dtype)
+        (folder / name).write_bytes(cubin)
+        records[f"{genome_id}:{dtype}"] = {"file": f"{folder.name}/{name}", "sha256": hashlib.sha256(cubin).hexdigest(),
+                                           "body_sha256": body_sha256(problem, g, dtype), "arch": ARCH,
+                                           "nvrtc": toolchain}
+    keep = {Path(r["file"]).name for r in records.values()}
+    for stale in folder.glob(f"{problem.name}-*.cubin"):
+        if stale.name not in keep:
+            stale.unlink()
+    table["cubins"] = records
+    return table
+
+
+def prebuilt(problem: Problem, table: Mapping[str, Any], table_path: str | Path, genome: Genome,
+             dtype: str) -> bytes | None:
+    """The table's prebuilt cubin for (genome, dtype) if it exists, is intact and was built from the source this
+    template renders now; else None (the caller compiles)."""
+    record = table.get("cubins", {}).get(f"{genome.id}:{dtype}")
+    if record is None or record.get("arch") != ARCH:
+        return None
+    path = Path(table_path).parent / record["file"]
+    try:
+        cubin = path.read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(cubin).hexdigest() != record["sha256"]:
+        return None
+    if record["body_sha256"] != body_sha256(problem, genome, dtype):
+        return None
+    return cubin
+
+
+def dumps(table: Mapping[str, Any]) -> str:
+    """Stable text (sorted keys, one level of indent), so that a re-export of the same runs gives the same file."""
+    return json.dumps(table, indent=1, sort_keys=True) + "\n"

@@ -1,0 +1,576 @@
+// RMSNorm backward, fp32 accumulation. With xhat = x * rstd and g = dy * w:
+//   dx[r, :] = rstd[r] * (g - xhat * mean(g * xhat))      dw = sum over rows r of dy[r, :] * xhat[r, :]
+// x, dy, dx are (M, N) row-major in DTYPE; w, dw are (N,) fp32; rstd is (M,) fp32 (from the forward pass).
+//
+// A template of the PTX Kernel Factory: it compiles as-is (every gene is a #define with a default; the factory
+// prepends its own), and instruction-level choices are inline PTX. The launch plan runs two kernels in order:
+//  rmsnorm_bwd     a persistent grid of `slots` CTAs (thread-block clusters of CLUSTER CTAs sharing each row when
+//                  CLUSTER > 1) loops over rows, ROWS_PER_CTA at once, and leaves fp32 dw partials in `partial`:
+//                  one row per slot (per slot and row group where they accumulate in global memory).
+//  rmsnorm_bwd_dw  sums the partial rows column by column into dw.
+// No atomic is shared between threads and every sum has a fixed order: two launches give bitwise the same dx, dw.
+//
+// Layout: TPRC = CLUSTER * THREADS / ROWS_PER_CTA threads share a row; thread gl = rank * TPR + lane owns vectors
+// v = gl + k * TPRC (slots k = 0 .. K-1) of every row, so its dw columns never change. Slots k < REG_VECS keep x
+// and dy in registers between the two passes (the next row's too, with PREFETCH) and w for the whole kernel; later
+// slots are read twice (the second time mostly from L2). A slot's dw partials stay in registers (DW_ACC=regs,
+// k < REG_VECS) or go where the plan's flags say: dynamic shared memory (a region per row group, combined at the
+// end) or a partial row in global memory. The flags also pick the vector path (N % VEC == 0, aligned pointers) or
+// one element at a time, so that any (M, N) is correct.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+// ---- enumerations used by the genes -------------------------------------------------------------------------
+#define DTYPE_BFLOAT16 0
+#define DTYPE_FLOAT16 1
+#define DTYPE_FLOAT32 2
+#define LOAD_PLAIN 0      // ld.global
+#define LOAD_NC 1         // ld.global.nc                   (read-only, non-coherent path)
+#define LOAD_NC_NA 2      // ld.global.nc.L1::no_allocate   (stream past L1)
+#define STORE_PLAIN 0     // st.global
+#define STORE_CS 1        // st.global.cs  (streaming: evict-first)
+#define DW_ACC_REGS 0     // dw partials of the register slots in registers, the rest where the plan says
+#define DW_ACC_SMEM 1     // every dw partial where the plan says (shared memory, else global memory)
+#define REDUCE_SHFL 0     // shfl.sync.bfly butterfly in each warp, then one shared-memory step across warps
+#define REDUCE_SMEM 1     // shared-memory tree over the row's threads
+// Flags of the launch plan (the kernel's `plan` argument).
+#define PLAN_VECTOR 1     // N % VEC == 0 and every pointer aligned: vector accesses, else one element at a time
+#define PLAN_DW_SMEM 2    // dw partials not in registers go to dynamic shared memory
+#define PLAN_DW_GLOBAL 4  // ... to the partial row of (slot, row group) in global memory; neither: all in registers
+
+// ---- genes (defaults) ------------------------------------------------------------------------------------------
+#ifndef DTYPE
+#define DTYPE DTYPE_BFLOAT16
+#endif
+#ifndef THREADS
+#define THREADS 256
+#endif
+#ifndef ROWS_PER_CTA
+#define ROWS_PER_CTA 1
+#endif
+#ifndef VEC_BYTES
+#define VEC_BYTES 16
+#endif
+#ifndef LOAD
+#define LOAD LOAD_NC
+#endif
+#ifndef STORE
+#define STORE STORE_PLAIN
+#endif
+#ifndef REG_VECS
+#define REG_VECS 2
+#endif
+#ifndef DW_ACC
+#define DW_ACC DW_ACC_REGS
+#endif
+#ifndef CTAS_PER_SM
+#define CTAS_PER_SM 2
+#endif
+#ifndef CLUSTER
+#define CLUSTER 1
+#endif
+#ifndef REDUCE
+#define REDUCE REDUCE_SHFL
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1
+#endif
+
+#if DTYPE == DTYPE_BFLOAT16
+typedef __nv_bfloat16 elem_t;
+#elif DTYPE == DTYPE_FLOAT16
+typedef __half elem_t;
+#else
+typedef float elem_t;
+#endif
+
+constexpr int TPR = THREADS / ROWS_PER_CTA;                  // threads per row in one CTA
+constexpr int TPRC = TPR * CLUSTER;                           // threads per row in the cluster
+constexpr int VEC = VEC_BYTES / (int)sizeof(elem_t);          // elements per vector access
+constexpr int WORDS = VEC_BYTES / 4;                          // 32-bit words per vector
+constexpr int KV = REG_VECS;                                  // register slots per thread
+static_assert(THREADS % ROWS_PER_CTA == 0 && TPR % 32 == 0, "a row needs whole warps");
+static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
+static_assert(CLUSTER == 1 || (ROWS_PER_CTA == 1 && TPR > 32), "a cluster shares one row of several warps a CTA");
+
+// Raw bits of V elements: a whole vector, or one element in the low bits of a word.
+template <int V> struct Pack { unsigned int w[V == 1 ? 1 : WORDS]; };
+
+// ---- KF-EDIT-BEGIN load_store ----------------------------------------------------------------------------------
+#if LOAD == LOAD_PLAIN
+#define LD_OP "ld.global"
+#elif LOAD == LOAD_NC_NA
+#define LD_OP "ld.global.nc.L1::no_allocate"
+#else
+#define LD_OP "ld.global.nc"
+#endif
+#if STORE == STORE_CS
+#define ST_OP "st.global.cs"
+#else
+#define ST_OP "st.global"
+#endif
+
+template <int V> __device__ __forceinline__ Pack<V> load_pack(const elem_t* p) {
+  Pack<V> v;
+  if constexpr (V > 1) {
+#if VEC_BYTES == 16
+    asm(LD_OP ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
+#else
+    asm(LD_OP ".v2.u32 {%0, %1}, [%2];" : "=r"(v.w[0]), "=r"(v.w[1]) : "l"(p));
+#endif
+  } else if constexpr (sizeof(elem_t) == 2) {
+    unsigned short h;
+    asm(LD_OP ".u16 %0, [%1];" : "=h"(h) : "l"(p));
+    v.w[0] = h;
+  } else {
+    asm(LD_OP ".u32 %0, [%1];" : "=r"(v.w[0]) : "l"(p));
+  }
+  return v;
+}
+
+template <int V> __device__ __forceinline__ void store_pack(elem_t* p, const Pack<V>& v) {
+  if constexpr (V > 1) {
+#if VEC_BYTES == 16
+    asm volatile(ST_OP ".v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
+#else
+    asm volatile(ST_OP ".v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(v.w[0]), "r"(v.w[1]) : "memory");
+#endif
+  } else if constexpr (sizeof(elem_t) == 2) {
+    asm volatile(ST_OP ".u16 [%0], %1;" :: "l"(p), "h"((unsigned short)v.w[0]) : "memory");
+  } else {
+    asm volatile(ST_OP ".u32 [%0], %1;" :: "l"(p), "r"(v.w[0]) : "memory");
+  }
+}
+
+// fp32 runs of V values (w, dw partials) in 16-, 8- or 4-byte pieces. Partials are added with red.global.add by
+// their one owner thread, so the additions happen in program order.
+template <int V> constexpr int PIECE = V % 4 == 0 ? 4 : V % 2 == 0 ? 2 : 1;
+
+template <int V> __device__ __forceinline__ void load_f32(const float* p, float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i += PIECE<V>) {
+    if constexpr (V % 4 == 0) {
+      const float4 t = __ldg(reinterpret_cast<const float4*>(p + i));
+      f[i] = t.x; f[i + 1] = t.y; f[i + 2] = t.z; f[i + 3] = t.w;
+    } else if constexpr (V % 2 == 0) {
+      const float2 t = __ldg(reinterpret_cast<const float2*>(p + i));
+      f[i] = t.x; f[i + 1] = t.y;
+    } else {
+      f[i] = __ldg(p + i);
+    }
+  }
+}
+
+template <int V> __device__ __forceinline__ void store_f32(float* p, const float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i += PIECE<V>) {
+    if constexpr (V % 4 == 0) *reinterpret_cast<float4*>(p + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+    else if constexpr (V % 2 == 0) *reinterpret_cast<float2*>(p + i) = make_float2(f[i], f[i + 1]);
+    else p[i] = f[i];
+  }
+}
+
+template <int V> __device__ __forceinline__ void red_f32(float* p, const float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i += PIECE<V>) {
+    if constexpr (V % 4 == 0)
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                   :: "l"(p + i), "f"(f[i]), "f"(f[i + 1]), "f"(f[i + 2]), "f"(f[i + 3]) : "memory");
+    else if constexpr (V % 2 == 0)
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(p + i), "f"(f[i]), "f"(f[i + 1]) : "memory");
+    else
+      asm volatile("red.global.add.f32 [%0], %1;" :: "l"(p + i), "f"(f[i]) : "memory");
+  }
+}
+// ---- KF-EDIT-END load_store ------------------------------------------------------------------------------------
+
+#if DTYPE == DTYPE_BFLOAT16
+__device__ __forceinline__ float2 word_to_float2(unsigned int w) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+__device__ __forceinline__ unsigned int float2_to_word(float a, float b) {
+  const __nv_bfloat162 t = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const unsigned int*>(&t);
+}
+#elif DTYPE == DTYPE_FLOAT16
+__device__ __forceinline__ float2 word_to_float2(unsigned int w) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+__device__ __forceinline__ unsigned int float2_to_word(float a, float b) {
+  const __half2 t = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const unsigned int*>(&t);
+}
+#endif
+
+// Raw bits <-> fp32: element by element for fp32 and the one-element path, two at a time for 16-bit vectors.
+template <int V> __device__ __forceinline__ void unpack(const Pack<V>& v, float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i += (V > 1 && sizeof(elem_t) == 2) ? 2 : 1) {
+    if constexpr (V > 1 && sizeof(elem_t) == 2) {
+      const float2 t = word_to_float2(v.w[i / 2]);
+      f[i] = t.x; f[i + 1] = t.y;
+    } else {
+      f[i] = (float)reinterpret_cast<const elem_t*>(v.w)[i];
+    }
+  }
+}
+
+template <int V> __device__ __forceinline__ Pack<V> pack(const float (&f)[V]) {
+  Pack<V> v = {};
+#pragma unroll
+  for (int i = 0; i < V; i += (V > 1 && sizeof(elem_t) == 2) ? 2 : 1) {
+    if constexpr (V > 1 && sizeof(elem_t) == 2) v.w[i / 2] = float2_to_word(f[i], f[i + 1]);
+    else reinterpret_cast<elem_t*>(v.w)[i] = (elem_t)f[i];
+  }
+  return v;
+}
+
+// ---- cluster exchange (CLUSTER > 1) ----------------------------------------------------------------------------
+// A row's sum crosses the cluster through DSMEM: thread 0 of every CTA pushes its CTA's sum into slot [p][rank] of
+// each CTA with st.async, which completes on that CTA's mbarrier [p] (CLUSTER * 4 bytes a row); p alternates by
+// row. No thread waits for its own global stores, as a release barrier.cluster would make it do every row.
+struct Cluster { unsigned long long bar[2]; float slot[2][CLUSTER]; };
+
+__device__ __forceinline__ unsigned int smem_addr(const void* p) { return (unsigned int)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ unsigned int peer(const void* p, int rank) {   // p's twin in CTA `rank` of the cluster
+  unsigned int r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ int cluster_id(int which) {   // 0: rank in the cluster, 1: cluster index, 2: CTAs
+  unsigned int r;
+  if (which == 0) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  else if (which == 1) asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  else asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return (int)r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_start(Cluster& c) {
+  if (cluster_id(2) != CLUSTER) __trap();      // launched without its cluster: the exchange cannot work
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(&c.bar[p])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();                              // every CTA runs, its barriers set, before the first push
+}
+__device__ __forceinline__ float cluster_sum(float v, Cluster& c, int it) {
+  const int p = it & 1, rank = cluster_id(0);
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(smem_addr(&c.bar[p])), "n"(CLUSTER * 4) : "memory");
+#pragma unroll
+    for (int r = 0; r < CLUSTER; ++r)
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                   :: "r"(peer(&c.slot[p][rank], r)), "r"(__float_as_uint(v)), "r"(peer(&c.bar[p], r)) : "memory");
+  }
+  asm volatile("{\n\t.reg .pred done;\n\tWAIT_%=:\n\t"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t@!done bra WAIT_%=;\n\t}"
+               :: "r"(smem_addr(&c.bar[p])), "r"((it >> 1) & 1) : "memory");
+  v = 0.f;
+#pragma unroll
+  for (int r = 0; r < CLUSTER; ++r) v += c.slot[p][r];   // rank order: the same sum in every CTA
+  return v;
+}
+
+// ---- KF-EDIT-BEGIN reduce --------------------------------------------------------------------------------------
+__device__ __forceinline__ float shfl_bfly(float v, int lane_mask) {
+  unsigned int r;
+  asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+               : "=r"(r) : "r"(__float_as_uint(v)), "r"(lane_mask));
+  return __uint_as_float(r);
+}
+
+#if REDUCE == REDUCE_SHFL
+constexpr int RED_SLOTS = THREADS / 32;
+#else
+constexpr int RED_SLOTS = THREADS;
+#endif
+
+// Sum of v over the TPRC threads of row group `grp`. Every thread of the CTA (and cluster) calls it once per row,
+// `it` counting rows; buffers alternate by row, so a thread already on the next row never overwrites values still
+// being read (the cluster's slots are safe too: a CTA reads them before the next row's CTA barrier).
+__device__ __forceinline__ float row_sum(float v, float* red, Cluster* cl, int grp, int lane, int it) {
+  red += (it & 1) * RED_SLOTS;
+#if REDUCE == REDUCE_SHFL
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += shfl_bfly(v, m);
+  if constexpr (TPR > 32) {
+    constexpr int WPR = TPR / 32;
+    if ((lane & 31) == 0) red[grp * WPR + (lane >> 5)] = v;
+    __syncthreads();
+    v = 0.f;
+#pragma unroll
+    for (int i = 0; i < WPR; ++i) v += red[grp * WPR + i];
+  }
+#else
+  red[grp * TPR + lane] = v;
+  __syncthreads();
+#pragma unroll
+  for (int s = TPR / 2; s > 0; s >>= 1) {
+    if (lane < s) red[grp * TPR + lane] += red[grp * TPR + lane + s];
+    __syncthreads();
+  }
+  v = red[grp * TPR];
+#endif
+#if CLUSTER > 1
+  v = cluster_sum(v, *cl, it);
+#endif
+  return v;
+}
+// ---- KF-EDIT-END reduce ----------------------------------------------------------------------------------------
+
+// ---- rmsnorm_bwd_dw: dw[c] = sum over p of partial[p, c] --------------------------------------------------------
+// A CTA covers qx runs of W columns (W = 4: float4 loads) with DW_THREADS / qx row lanes; lane l adds rows l,
+// l + lanes, ..., then a shared-memory tree adds the lanes. The order is fixed, so dw is reproducible.
+constexpr int DW_THREADS = 256;
+
+template <int W> __device__ __forceinline__ void sum_columns(const float* p, float* dw, int P, int N, int qx,
+                                                             float* red) {
+  const int tx = threadIdx.x % qx, ty = threadIdx.x / qx, lanes = DW_THREADS / qx;
+  const int col = (blockIdx.x * qx + tx) * W;
+  float t[W] = {};
+  if (col < N) {
+#pragma unroll 4
+    for (int r = ty; r < P; r += lanes) {
+      float f[W];
+      load_f32<W>(p + (size_t)r * N + col, f);
+#pragma unroll
+      for (int i = 0; i < W; ++i) t[i] += f[i];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < W; ++i) red[threadIdx.x * W + i] = t[i];
+  __syncthreads();
+  for (int s = lanes / 2; s > 0; s >>= 1) {
+    if (ty < s)
+#pragma unroll
+      for (int i = 0; i < W; ++i) red[threadIdx.x * W + i] += red[(threadIdx.x + s * qx) * W + i];
+    __syncthreads();
+  }
+  if (ty == 0 && col < N) {
+#pragma unroll
+    for (int i = 0; i < W; ++i) t[i] = red[tx * W + i];
+    store_f32<W>(dw + col, t);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(DW_THREADS)
+rmsnorm_bwd_dw(const float* __restrict__ partial, float* __restrict__ dw, int P, int N, int qx, int vec) {
+  __shared__ __align__(16) float red[DW_THREADS * 4];
+  if (vec) sum_columns<4>(partial, dw, P, N, qx, red);
+  else sum_columns<1>(partial, dw, P, N, qx, red);
+}
+
+struct Args {
+  const elem_t* x; const float* w; const elem_t* dy; const float* rstd; elem_t* dx; float* partial;
+  int M, N, slots, plan;
+};
+
+// Pass 1 of one vector: sum of g * x (the row's c = rstd * that / N).
+template <int V> __device__ __forceinline__ float dot(const Pack<V>& xv, const Pack<V>& dv, const float (&wf)[V]) {
+  float xf[V], df[V], s = 0.f;
+  unpack(xv, xf);
+  unpack(dv, df);
+#pragma unroll
+  for (int i = 0; i < V; ++i) s = fmaf(df[i] * wf[i], xf[i], s);
+  return s;
+}
+
+// Pass 2 of one vector: stores dx = rstd * (g - xhat * c); hands back dy and xhat for dw.
+template <int V> __device__ __forceinline__ void grad(const Pack<V>& xv, const Pack<V>& dv, const float (&wf)[V],
+                                                      float rs, float c, elem_t* dxp, float (&df)[V], float (&xh)[V]) {
+  float xf[V], o[V];
+  unpack(xv, xf);
+  unpack(dv, df);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    xh[i] = xf[i] * rs;
+    o[i] = rs * fmaf(-xh[i], c, df[i] * wf[i]);
+  }
+  store_pack<V>(dxp, pack<V>(o));
+}
+
+// dw partial += dy * xhat for vector slot k: shared memory (lane-major per (k, e): no bank conflicts) or global.
+template <int V> __device__ __forceinline__ void dw_add(float* dsm, float* prow, bool in_smem, int k, int lane,
+                                                        int v, const float (&df)[V], const float (&xh)[V]) {
+  if (in_smem) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) dsm[(k * V + e) * TPR + lane] = fmaf(df[e], xh[e], dsm[(k * V + e) * TPR + lane]);
+  } else {
+    float d[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) d[e] = df[e] * xh[e];
+    red_f32<V>(prow + (size_t)v * V, d);
+  }
+}
+
+template <int V> __device__ __forceinline__ void load_slots(const Args& a, int row, int gl, int nv, Pack<V> (&xs)[KV],
+                                                            Pack<V> (&ds)[KV]) {
+  if (row >= a.M) return;
+  const size_t off = (size_t)row * a.N;
+#pragma unroll
+  for (int k = 0; k < KV; ++k) {
+    const int v = gl + k * TPRC;
+    if (v < nv) {
+      xs[k] = load_pack<V>(a.x + off + (size_t)v * V);
+      ds[k] = load_pack<V>(a.dy + off + (size_t)v * V);
+    }
+  }
+}
+
+template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* red, Cluster* cl, float* dsm_all) {
+  const int grp = threadIdx.x / TPR, lane = threadIdx.x % TPR;
+#if CLUSTER > 1
+  const int rank = cluster_id(0), slot = cluster_id(1);
+  if (slot >= a.slots) return;                 // launched beyond the plan: idle (a cluster leaves as a whole)
+  cluster_start(*cl);
+#else
+  const int rank = 0, slot = blockIdx.x;
+  if (slot >= a.slots) return;
+#endif
+  const int gl = rank * TPR + lane, nv = a.N / V, K = (nv + TPRC - 1) / TPRC;
+  const bool in_smem = a.plan & PLAN_DW_SMEM;
+  const bool in_global = a.plan & PLAN_DW_GLOBAL;
+  float* dsm = dsm_all + (size_t)grp * K * V * TPR;
+  // Global partials get a row per (slot, row group), so that every element has exactly one owner thread.
+  float* prow = a.partial + (size_t)(in_global ? slot * ROWS_PER_CTA + grp : slot) * a.N;
+
+  float wr[KV][V], dwr[KV][V];
+#pragma unroll
+  for (int k = 0; k < KV; ++k) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) wr[k][e] = dwr[k][e] = 0.f;
+    if (gl + k * TPRC < nv) load_f32<V>(a.w + (size_t)(gl + k * TPRC) * V, wr[k]);
+  }
+  const float zero[V] = {};
+  for (int k = 0; gl + k * TPRC < nv; ++k) {   // every partial this thread owns starts at zero
+    if (in_smem) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) dsm[(k * V + e) * TPR + lane] = 0.f;
+    } else if (in_global) {
+      store_f32<V>(prow + (size_t)(gl + k * TPRC) * V, zero);
+    }
+  }
+
+  const int stride = a.slots * ROWS_PER_CTA;
+  int row = slot * ROWS_PER_CTA + grp, it = 0;
+  Pack<V> xs[KV], ds[KV];
+#if PREFETCH
+  Pack<V> xn[KV], dn[KV];
+  load_slots<V>(a, row, gl, nv, xs, ds);
+#endif
+  for (int base = slot * ROWS_PER_CTA; base < a.M; base += stride, row += stride, ++it) {
+    const bool active = row < a.M;             // an idle row group still reaches every barrier
+#if PREFETCH
+    load_slots<V>(a, row + stride, gl, nv, xn, dn);
+#else
+    load_slots<V>(a, row, gl, nv, xs, ds);
+#endif
+    const size_t off = (size_t)(active ? row : 0) * a.N;
+    const elem_t* xr = a.x + off;
+    const elem_t* dyr = a.dy + off;
+    const float rs = active ? __ldg(a.rstd + row) : 0.f;
+    float s = 0.f;
+    // ---- KF-EDIT-BEGIN first_pass ------------------------------------------------------------------------------
+    if (active) {
+#pragma unroll
+      for (int k = 0; k < KV; ++k)
+        if (gl + k * TPRC < nv) s += dot<V>(xs[k], ds[k], wr[k]);
+#pragma unroll 1
+      for (int k = KV; gl + k * TPRC < nv; ++k) {      // streamed slots
+        const size_t v = gl + k * TPRC;
+        float wf[V];
+        load_f32<V>(a.w + v * V, wf);
+        s += dot<V>(load_pack<V>(xr + v * V), load_pack<V>(dyr + v * V), wf);
+      }
+    }
+    // ---- KF-EDIT-END first_pass --------------------------------------------------------------------------------
+    const float c = rs * (row_sum(s, red, cl, grp, lane, it) / (float)a.N);   // mean(g * xhat)
+    // ---- KF-EDIT-BEGIN second_pass -----------------------------------------------------------------------------
+    if (active) {
+      elem_t* dxr = a.dx + off;
+      float df[V], xh[V];
+#pragma unroll
+      for (int k = 0; k < KV; ++k) {
+        const int v = gl + k * TPRC;
+        if (v >= nv) continue;
+        grad<V>(xs[k], ds[k], wr[k], rs, c, dxr + (size_t)v * V, df, xh);
+        if constexpr (DW_ACC == DW_ACC_REGS) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) dwr[k][e] = fmaf(df[e], xh[e], dwr[k][e]);
+        } else {
+          dw_add<V>(dsm, prow, in_smem, k, lane, v, df, xh);
+        }
+      }
+#pragma unroll 1
+      for (int k = KV; gl + k * TPRC < nv; ++k) {      // the streamed slots again (mostly from L2)
+        const size_t v = gl + k * TPRC;
+        float wf[V];
+        load_f32<V>(a.w + v * V, wf);
+        grad<V>(load_pack<V>(xr + v * V), load_pack<V>(dyr + v * V), wf, rs, c, dxr + v * V, df, xh);
+        dw_add<V>(dsm, prow, in_smem, k, lane, (int)v, df, xh);
+      }
+    }
+    // ---- KF-EDIT-END second_pass -------------------------------------------------------------------------------
+#if PREFETCH
+#pragma unroll
+    for (int k = 0; k < KV; ++k) { xs[k] = xn[k]; ds[k] = dn[k]; }
+#endif
+  }
+
+  // Publish the slot's partials: combine the row groups' shared regions in a fixed order, or add the register
+  // partials to the global row, or store them (all in registers, one row group).
+  if (in_smem) {
+    if constexpr (DW_ACC == DW_ACC_REGS) {
+#pragma unroll
+      for (int k = 0; k < KV; ++k)
+        if (gl + k * TPRC < nv)
+#pragma unroll
+          for (int e = 0; e < V; ++e) dsm[(k * V + e) * TPR + lane] += dwr[k][e];
+    }
+    __syncthreads();
+    for (int k = grp; gl + k * TPRC < nv; k += ROWS_PER_CTA) {
+      float t[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        t[e] = 0.f;
+        for (int g = 0; g < ROWS_PER_CTA; ++g) t[e] += dsm_all[(size_t)g * K * V * TPR + (k * V + e) * TPR + lane];
+      }
+      store_f32<V>(prow + (size_t)(gl + k * TPRC) * V, t);
+    }
+  } else if (DW_ACC == DW_ACC_REGS) {
+#pragma unroll
+    for (int k = 0; k < KV; ++k) {
+      const int v = gl + k * TPRC;
+      if (v >= nv) continue;
+      if (in_global) red_f32<V>(prow + (size_t)v * V, dwr[k]);
+      else store_f32<V>(prow + (size_t)v * V, dwr[k]);
+    }
+  }
+#if CLUSTER > 1
+  cluster_sync();                              // keep this CTA's shared memory alive for the cluster's last reads
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
+rmsnorm_bwd(const elem_t* __restrict__ x, const float* __restrict__ w, const elem_t* __restrict__ dy,
+            const float* __restrict__ rstd, elem_t* __restrict__ dx, float* __restrict__ partial,
+            int M, int N, int slots, int plan) {
+  __shared__ float red[2 * RED_SLOTS];
+#if CLUSTER > 1
+  __shared__ Cluster cluster;
+  Cluster* cl = &cluster;
+#else
+  Cluster* cl = nullptr;
+#endif
+  extern __shared__ float dsm[];
+  const Args a{x, w, dy, rstd, dx, partial, M, N, slots, plan};
+  if (plan & PLAN_VECTOR) run_rows<VEC>(a, red, cl, dsm);
+  else run_rows<1>(a, red, cl, dsm);
+}
+

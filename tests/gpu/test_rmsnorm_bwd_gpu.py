@@ -1,0 +1,135 @@
+"""GPU tests of the RMSNorm backward template (run on an H200: pytest -m gpu --gpu tests/gpu/test_rmsnorm_bwd_gpu.py).
+
+The default genome, genomes at the corners of the space and twenty random feasible ones are compiled for all three
+dtypes. Each must pass the worker's correctness gate (fresh inputs, stale output buffers, a bitwise-repeated launch,
+planted special rows, canaries around every output) on every correctness and held-out shape, and a few on the
+widest benchmark rows too; then the live evaluator checks and times a spread of them end to end.
+
+The live evaluator re-checks sampled rows of every timed output. dw sums all M rows, so that check needs the
+problem's reference_rows() (dx at the sampled rows, dw in full); a worker that slices every input by rows and
+compares dw against a sum over the sampled rows only rejects every genome, correct or not."""
+import random
+
+import pytest
+
+from kernel_factory.evo.types import Candidate, Case, Genome, Status
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ("bfloat16", "float16", "float32")
+# Every placement of dw (registers, shared, global), warp-per-row and multi-warp rows, clusters of 2 to 8, both
+# vector widths, every load and store flavour, both reductions, with and without prefetch.
+CORNERS = {
+    "warp_rows_vec8": dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, vec_bytes=8),
+    "warp_rows_plain": dict(threads=256, rows_per_cta=8, ctas_per_sm=4, reg_vecs=1, prefetch=False, load="plain",
+                            dw_acc="smem"),
+    "rows4_smem_tree": dict(threads=512, rows_per_cta=4, ctas_per_sm=1, reg_vecs=4, vec_bytes=8, reduce="smem"),
+    "cluster2_smem_dw": dict(threads=512, cluster=2, ctas_per_sm=1, reg_vecs=2, dw_acc="smem", prefetch=False),
+    "cluster4_na_cs": dict(threads=512, cluster=4, ctas_per_sm=1, reg_vecs=4, vec_bytes=8, load="nc_na", store="cs"),
+    "cluster8_1024": dict(threads=1024, cluster=8, ctas_per_sm=1, reg_vecs=1, dw_acc="smem", reduce="smem",
+                          prefetch=False),
+    "cluster8_512_kv4": dict(threads=512, cluster=8, ctas_per_sm=1, reg_vecs=4, prefetch=False, dw_acc="smem"),
+    "ctas4_no_prefetch": dict(ctas_per_sm=4, reg_vecs=1, prefetch=False, dw_acc="smem"),
+}
+WIDE = [Case((32768, 1024), "bfloat16"), Case((16384, 131072), "float16"), Case((8192, 262144), "bfloat16")]
+TIMED = [Case((32768, 1024), "bfloat16"), Case((32768, 16384), "bfloat16"), Case((8192, 262144), "bfloat16"),
+         Case((32768, 4096), "float32"), Case((32768, 256), "float16")]
+
+
+def problem():
+    from kernel_factory.problems.rmsnorm_bwd import problem as p
+    return p
+
+
+def genomes() -> dict[str, dict]:
+    p = problem()
+    out = {"default": p.space.defaults()}
+    out.update({name: {**p.space.defaults(), **kw} for name, kw in CORNERS.items()})
+    for i, g in enumerate(random.Random(2026).sample(list(p.space.enumerate()), 20)):
+        out[f"random{i}"] = g
+    for name, g in out.items():
+        assert p.space.why_infeasible(g) is None, (name, p.space.why_infeasible(g))
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """name -> (genes, {dtype: cubin}), compiled on the CPU pool like the evaluator does."""
+    from kernel_factory.evo.evaluate import render
+    from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
+    p = problem()
+    compiler = Compiler(tmp_path_factory.mktemp("bwd-gpu-cache"), workers=8)
+    jobs, owner = [], {}
+    try:
+        for name, g in genomes().items():
+            for dt in DTYPES:
+                key = compiler.key(render.body(p, Genome.of(g), dt))
+                owner[key] = (name, dt)
+                jobs.append(CompileJob(key, render.render(p, Candidate(Genome.of(g)), dt), f"{name}-{dt}.cu"))
+        out: dict[str, tuple[dict, dict]] = {name: (g, {}) for name, g in genomes().items()}
+        for res in compiler.compile_many(jobs):
+            name, dt = owner[res.key]
+            assert res.error is None, f"{name} {dt}:\n{res.error}"
+            out[name][1][dt] = res.cubin
+    finally:
+        compiler.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The worker's per-process state, in this process: its gate, launcher and stream."""
+    from kernel_factory.evo.evaluate import worker
+    return worker.Bench({"problem": "rmsnorm_bwd", "baseline": "torch_eager", "bench_cases": [], "check_cases": []})
+
+
+def gate(bench, cubin: bytes, genes: dict, case: Case, rng: random.Random) -> str | None:
+    from kernel_factory.evo.evaluate import launcher, worker
+    try:
+        bench.gate_case(launcher.Module(cubin, "rmsnorm_bwd"), genes, case, rng)
+    except worker.Rejected as exc:
+        return f"{exc.status.value}: {exc}"
+    return None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_genome_passes_the_gate_on_odd_and_held_out_shapes(built, bench, dtype):
+    p = problem()
+    shapes = p.shape_sets["correctness"] + p.shape_sets["heldout"]
+    rng = random.Random(7)
+    failures = []
+    for name, (g, cubins) in built.items():
+        for shape in shapes:
+            bad = gate(bench, cubins[dtype], g, Case(shape, dtype), rng)
+            if bad:
+                failures.append(f"{name} {shape}: {bad[:300]}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("case", WIDE, ids=lambda c: c.key)
+def test_corners_pass_the_gate_on_benchmark_rows(built, bench, case):
+    rng = random.Random(8)
+    names = ["default", "warp_rows_vec8", "cluster8_1024", "cluster8_512_kv4", "rows4_smem_tree"]
+    failures = [f"{n}: {bad[:300]}" for n in names
+                if (bad := gate(bench, built[n][1][case.dtype], built[n][0], case, rng))]
+    assert not failures, "\n".join(failures)
+
+
+def test_live_evaluator_checks_and_times_a_spread(built, tmp_path):
+    from kernel_factory.evo.evaluate.gpu import GpuEvaluator
+    p = problem()
+    names = ["default", *CORNERS, "random0", "random1", "random2"]
+    cands = {n: Candidate(Genome.of(built[n][0]), operator="test") for n in names}
+    ev = GpuEvaluator(p, TIMED, "torch_eager", 0, str(tmp_path), compile_workers=8)
+    try:
+        results = dict(zip(cands, ev.evaluate(list(cands.values()))))
+    finally:
+        ev.close()
+    keys = [c.key for c in TIMED]
+    print("\n" + "genome".ljust(20) + "".join(k.rjust(28) for k in keys))
+    for name, res in results.items():
+        print(name.ljust(20) + "".join((f"{res.times_us[k]:.1f} us {res.gbps[k]:.0f} GB/s" if k in res.times_us
+                                        else "-").rjust(28) for k in keys) + f"  {res.status.value} {res.message[:60]}")
+    bad = {n: f"{r.status.value}: {r.message[:300]}" for n, r in results.items() if r.status is not Status.OK}
+    assert not bad, bad
+    assert all(r.fitness > 0 and set(r.times_us) == set(keys) for r in results.values())

@@ -1,0 +1,137 @@
+"""GPU tests of the RMSNorm library op (run on an H200: pytest -m gpu --gpu tests/gpu/test_rmsnorm_op_gpu.py): the
+evolved kernels, chosen from the dispatch table, against the torch formula for every x dtype and weight dtype and
+every path (plain, bias, residual, out_dtype, store_rstd, eps, autograd backward), on benchmark, held-out and odd
+widths, M = 1, 3-D x and a side stream. The torch reference path is switched off, so a silent fallback fails."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_factory.kernels import rmsnorm as op
+from kernel_factory.kernels import runtime
+
+pytestmark = pytest.mark.gpu
+
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOL = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3), torch.float32: (1e-4, 1e-4)}
+SHAPES = [(64, 256), (64, 1024), (32, 4096), (16, 8192), (4, 65536), (2, 262144),   # benchmark widths
+          (257, 2880), (257, 3584), (257, 5120), (257, 7168),                       # held-out model widths
+          (1, 7168), (3, 1001), (5, 33), (7, 4100), (9, 7)]                          # M = 1 and odd N
+
+
+@pytest.fixture(autouse=True)
+def kernels_only(monkeypatch):
+    """Every call must run the evolved kernels: the torch reference paths raise here."""
+    why = runtime.why_not_gpu(torch.device("cuda"))
+    assert why is None, why
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the torch reference ran instead of a kernel")
+    monkeypatch.setattr(op, "_forward_reference", refuse)
+    if op.BWD.unavailable() is None:
+        monkeypatch.setattr(op, "_backward_reference", refuse)
+
+
+def formula(x, w=None, b=None, res=None, eps=1e-6):
+    h = x if res is None else x + res
+    rstd = torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + eps)
+    y = h * rstd
+    y = y * w if w is not None else y
+    return (y + b if b is not None else y), h, rstd.squeeze(-1)
+
+
+def rand(shape, dtype, seed, grad=False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    scale = torch.pow(10.0, torch.rand(shape[:-1] + (1,), generator=g, device="cuda") * 4 - 2)
+    return (torch.randn(shape, generator=g, device="cuda") * scale).to(dtype).requires_grad_(grad)
+
+
+def close(got, want, dtype=None):
+    atol, rtol = TOL[dtype or got.dtype]
+    torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("w_dt", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("x_dt", ["bf16", "fp16", "fp32"])
+def test_plain_forward(x_dt, w_dt, shape):
+    x, w = rand(shape, DT[x_dt], 1), torch.randn(shape[-1], device="cuda").to(DT[w_dt])
+    out, residual_out, rstd = op.rmsnorm_fwd(x, w, store_rstd=True)
+    want, _, want_rstd = formula(x.double(), w.double())
+    assert out.dtype == x.dtype and residual_out is x
+    close(out, want)
+    close(rstd, want_rstd, torch.float32)
+    assert op.FWD._modules, "no kernel was loaded"
+
+
+@pytest.mark.parametrize("x_dt", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("shape", [(8, 4096), (1, 7168), (3, 1001), (2, 5, 2880)], ids=str)
+def test_bias_residual_out_dtype_and_eps(x_dt, shape):
+    x, res = rand(shape, DT[x_dt], 2), rand(shape, torch.float32, 3)
+    w, b = torch.randn(shape[-1], device="cuda").bfloat16(), torch.randn(shape[-1], device="cuda")
+    out, residual_out, rstd = op.rmsnorm_fwd(x, w, b, res, out_dtype=torch.float32, eps=1e-5, store_rstd=True)
+    want, h, want_rstd = formula(x.double(), w.double(), b.double(), res.double(), eps=1e-5)
+    assert out.dtype == torch.float32 and residual_out.dtype == torch.float32 and rstd.shape == shape[:-1]
+    close(out, want, torch.float32)
+    close(residual_out, h, torch.float32)
+    close(rstd, want_rstd, torch.float32)
+    out16, res16, _ = op.rmsnorm_fwd(x, None, None, None, out_dtype=torch.float16, residual_dtype=torch.float32)
+    close(out16, formula(x.double())[0])
+    assert res16.dtype == torch.float32 and torch.equal(res16, x.float())
+
+
+@pytest.mark.parametrize("x_dt", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("w_dt", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("shape", [(64, 4096), (257, 5120), (1, 7168), (5, 1001), (2, 3, 2880)], ids=str)
+def test_autograd_backward(x_dt, w_dt, shape):
+    x = rand(shape, DT[x_dt], 4, grad=True)
+    w = torch.randn(shape[-1], device="cuda").to(DT[w_dt]).requires_grad_(True)
+    out = op.rmsnorm(x, w)
+    dout = rand(shape, DT[x_dt], 5)
+    out.backward(dout)
+    xr, wr = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    formula(xr, wr)[0].backward(dout.double())
+    assert x.grad.dtype == x.dtype and w.grad.dtype == w.dtype
+    for got, ref in ((x.grad, xr.grad), (w.grad, wr.grad)):
+        atol, rtol = TOL[got.dtype]
+        torch.testing.assert_close(got.double(), ref, atol=atol * (1 + ref.abs().max().item()), rtol=rtol)
+
+
+@pytest.mark.parametrize("x_dt", ["bf16", "fp16", "fp32"])
+def test_autograd_with_bias_residual_and_prenorm(x_dt):
+    shape = (33, 3584)
+    x, res = rand(shape, DT[x_dt], 6, grad=True), rand(shape, DT[x_dt], 7, grad=True)
+    w = torch.randn(shape[-1], device="cuda", requires_grad=True)
+    b = torch.randn(shape[-1], device="cuda", requires_grad=True)
+    out, residual_out = op.rmsnorm(x, w, b, res, prenorm=True)
+    (out.float().square().sum() + residual_out.float().sum()).backward()
+    refs = [t.detach().double().requires_grad_(True) for t in (x, w, b, res)]
+    y, h, _ = formula(*refs)
+    (y.square().sum() + h.sum()).backward()
+    for got, ref in zip((x, w, b, res), refs):
+        atol, rtol = TOL[DT[x_dt]]
+        torch.testing.assert_close(got.grad.double(), ref.grad, atol=atol * (1 + ref.grad.abs().max().item()),
+                                   rtol=rtol)
+
+
+def test_backward_runs_the_evolved_kernel():
+    assert op.BWD.unavailable() is None, op.BWD.unavailable()
+    x, w = rand((64, 4096), torch.bfloat16, 8), torch.randn(4096, device="cuda")
+    _, _, rstd = op.rmsnorm_fwd(x, w, store_rstd=True)
+    dx, dw, _, _ = op.rmsnorm_bwd(x, w, rand((64, 4096), torch.bfloat16, 9), rstd)
+    assert op.BWD._modules and dx.dtype == torch.bfloat16 and dw.dtype == torch.float32
+
+
+def test_side_stream_and_second_call_reuse_the_module():
+    x, w = rand((128, 4096), torch.bfloat16, 10), torch.randn(4096, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = op.rmsnorm_fwd(x, w)[0]
+        again = op.rmsnorm_fwd(x, w)[0]
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    close(out, formula(x.double(), w.double())[0])
+    assert torch.equal(out, again)
+    genome, why = op.FWD.choose("bfloat16", 4096)
+    assert (genome.id, "bfloat16", torch.cuda.current_device()) in op.FWD._modules, why
