@@ -11,9 +11,9 @@
 // No atomic is shared between threads and every sum has a fixed order: two launches give bitwise the same dx, dw.
 //
 // Layout: TPRC = CLUSTER * THREADS / ROWS_PER_CTA threads share a row; thread gl = rank * TPR + lane owns vectors
-// v = gl + k * TPRC (slots k = 0 .. K-1) of every row, so its dw columns never change. Slots k < REG_VECS keep x
+// v = gl + k * TPRC (k = 0 .. K-1) of every row, so its dw columns never change. Its vectors k < REG_VECS keep x
 // and dy in registers between the two passes (the next row's too, with PREFETCH) and w for the whole kernel; later
-// slots are read twice (the second time mostly from L2). A slot's dw partials stay in registers (DW_ACC=regs,
+// vectors are read twice (the second time mostly from L2). dw partials of vector k stay in registers (DW_ACC=regs,
 // k < REG_VECS) or go where the plan's flags say: dynamic shared memory (a region per row group, combined at the
 // end) or a partial row in global memory. The flags also pick the vector path (N % VEC == 0, aligned pointers) or
 // one element at a time, so that any (M, N) is correct.
@@ -29,7 +29,7 @@
 #define LOAD_NC_NA 2      // ld.global.nc.L1::no_allocate   (stream past L1)
 #define STORE_PLAIN 0     // st.global
 #define STORE_CS 1        // st.global.cs  (streaming: evict-first)
-#define DW_ACC_REGS 0     // dw partials of the register slots in registers, the rest where the plan says
+#define DW_ACC_REGS 0     // dw partials of the register vectors in registers, the rest where the plan says
 #define DW_ACC_SMEM 1     // every dw partial where the plan says (shared memory, else global memory)
 #define REDUCE_SHFL 0     // shfl.sync.bfly butterfly in each warp, then one shared-memory step across warps
 #define REDUCE_SMEM 1     // shared-memory tree over the row's threads
@@ -88,7 +88,7 @@ constexpr int TPR = THREADS / ROWS_PER_CTA;                  // threads per row 
 constexpr int TPRC = TPR * CLUSTER;                           // threads per row in the cluster
 constexpr int VEC = VEC_BYTES / (int)sizeof(elem_t);          // elements per vector access
 constexpr int WORDS = VEC_BYTES / 4;                          // 32-bit words per vector
-constexpr int KV = REG_VECS;                                  // register slots per thread
+constexpr int KV = REG_VECS;                                  // vectors per thread kept in registers
 static_assert(THREADS % ROWS_PER_CTA == 0 && TPR % 32 == 0, "a row needs whole warps");
 static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
 static_assert(CLUSTER == 1 || (ROWS_PER_CTA == 1 && TPR > 32), "a cluster shares one row of several warps a CTA");
@@ -409,7 +409,7 @@ template <int V> __device__ __forceinline__ void dw_add(float* dsm, float* prow,
   }
 }
 
-template <int V> __device__ __forceinline__ void load_slots(const Args& a, int row, int gl, int nv, Pack<V> (&xs)[KV],
+template <int V> __device__ __forceinline__ void load_regs(const Args& a, int row, int gl, int nv, Pack<V> (&xs)[KV],
                                                             Pack<V> (&ds)[KV]) {
   if (row >= a.M) return;
   const size_t off = (size_t)row * a.N;
@@ -462,14 +462,14 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
   Pack<V> xs[KV], ds[KV];
 #if PREFETCH
   Pack<V> xn[KV], dn[KV];
-  load_slots<V>(a, row, gl, nv, xs, ds);
+  load_regs<V>(a, row, gl, nv, xs, ds);
 #endif
   for (int base = slot * ROWS_PER_CTA; base < a.M; base += stride, row += stride, ++it) {
     const bool active = row < a.M;             // an idle row group still reaches every barrier
 #if PREFETCH
-    load_slots<V>(a, row + stride, gl, nv, xn, dn);
+    load_regs<V>(a, row + stride, gl, nv, xn, dn);
 #else
-    load_slots<V>(a, row, gl, nv, xs, ds);
+    load_regs<V>(a, row, gl, nv, xs, ds);
 #endif
     const size_t off = (size_t)(active ? row : 0) * a.N;
     const elem_t* xr = a.x + off;
@@ -482,7 +482,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
       for (int k = 0; k < KV; ++k)
         if (gl + k * TPRC < nv) s += dot<V>(xs[k], ds[k], wr[k]);
 #pragma unroll 1
-      for (int k = KV; gl + k * TPRC < nv; ++k) {      // streamed slots
+      for (int k = KV; gl + k * TPRC < nv; ++k) {      // streamed vectors
         const size_t v = gl + k * TPRC;
         float wf[V];
         load_f32<V>(a.w + v * V, wf);
@@ -508,7 +508,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
         }
       }
 #pragma unroll 1
-      for (int k = KV; gl + k * TPRC < nv; ++k) {      // the streamed slots again (mostly from L2)
+      for (int k = KV; gl + k * TPRC < nv; ++k) {      // the streamed vectors again (mostly from L2)
         const size_t v = gl + k * TPRC;
         float wf[V];
         load_f32<V>(a.w + v * V, wf);

@@ -37,12 +37,12 @@ BASE_REGS = 28                     # registers besides the slots and one vector'
 
 
 def registers(g: Mapping[str, GeneValue]) -> int:
-    """Registers per thread the genes need, for 2-byte dtypes (the worst case): per register slot, x and dy
+    """Registers per thread the genes need, for 2-byte dtypes (the worst case): per register vector, x and dy
     (twice with prefetch), w for the whole kernel and, with dw_acc=regs, the dw partials; plus the unpacked
     temporaries of one vector. Calibrated on NVRTC builds: no genome this admits spills."""
     words, elems = int(g["vec_bytes"]) // 4, int(g["vec_bytes"]) // 2
-    per_slot = 2 * words * (2 if g["prefetch"] else 1) + elems * (2 if g["dw_acc"] == "regs" else 1)
-    return BASE_REGS + 2 * elems + int(g["reg_vecs"]) * per_slot
+    per_vec = 2 * words * (2 if g["prefetch"] else 1) + elems * (2 if g["dw_acc"] == "regs" else 1)
+    return BASE_REGS + 2 * elems + int(g["reg_vecs"]) * per_vec
 
 
 def register_limit(g: Mapping[str, GeneValue]) -> int:
@@ -91,13 +91,13 @@ SPACE = GeneSpace(
         Gene("load", ("plain", "nc", "nc_na"), "nc", kind="ptx",
              doc="x and dy: ld.global | ld.global.nc | ld.global.nc.L1::no_allocate"),
         Gene("store", ("plain", "cs"), "plain", kind="ptx", doc="dx: st.global | st.global.cs"),
-        Gene("reg_vecs", (1, 2, 4), 2, doc="vector slots per thread whose x, dy (and w, dw) stay in registers"),
+        Gene("reg_vecs", (1, 2, 4), 2, doc="vectors per thread whose x, dy (and w, dw) stay in registers"),
         Gene("dw_acc", ("regs", "smem"), "regs",
-             doc="dw partials of the register slots in registers | all in shared memory (global when too wide)"),
+             doc="dw partials of the register vectors in registers | all in shared memory (global when too wide)"),
         Gene("ctas_per_sm", (1, 2, 4), 2, doc="persistent grid: CTAs per SM (also the launch bound's minimum)"),
         Gene("cluster", (1, 2, 4, 8), 1, doc="CTAs of a thread-block cluster sharing each row (row sums via DSMEM)"),
         Gene("reduce", ("shfl", "smem"), "shfl", kind="ptx", doc="row sum: shfl.sync.bfly butterfly | smem tree"),
-        Gene("prefetch", (False, True), True, doc="load the next row's register slots before this row's reduction"),
+        Gene("prefetch", (False, True), True, doc="load the next row's register vectors before this row's reduction"),
     ),
     rule=_rule,
 )
@@ -132,16 +132,16 @@ class Plan:
 
 def plan(g: Mapping[str, GeneValue], m: int, n: int, dtype: str, aligned: bool = True) -> Plan:
     """The launch plan: the vector path where N and the pointers allow it; dw partials in registers when the
-    register slots cover the row (one row group), else in shared memory when it holds them, else in global memory;
+    register vectors cover the row (one row group), else in shared memory when it holds them, else in global memory;
     a persistent grid of ctas_per_sm CTAs per SM (fewer when M or the scratch is smaller)."""
     threads, rows, cluster = int(g["threads"]), int(g["rows_per_cta"]), int(g["cluster"])
     tpr = threads // rows
     vec = int(g["vec_bytes"]) // DTYPE_BYTES[dtype]
     vector = aligned and n % vec == 0
     width = vec if vector else 1
-    slots_per_thread = -(-(n // width) // (tpr * cluster))
-    smem = rows * slots_per_thread * width * tpr * 4
-    if g["dw_acc"] == "regs" and rows == 1 and slots_per_thread <= int(g["reg_vecs"]):
+    vecs_per_thread = -(-(n // width) // (tpr * cluster))
+    smem = rows * vecs_per_thread * width * tpr * 4
+    if g["dw_acc"] == "regs" and rows == 1 and vecs_per_thread <= int(g["reg_vecs"]):
         flags, shared = 0, 0
     elif static_smem(g) + SMEM_SLACK + smem <= MAX_SMEM_PER_CTA:
         flags, shared = PLAN_DW_SMEM, smem
@@ -264,7 +264,7 @@ class RmsNormBackward:
                    and all(t.data_ptr() % 16 == 0 for t in (inputs["w"], outputs["dw"], outputs["dw_partial"])))
         p = plan(genes, m, n, case.dtype, aligned)
         partial = outputs["dw_partial"]
-        # grid counts CTAs; with a cluster, CTAs beyond `slots` clusters return at once (template: slot >= slots).
+        # grid counts CTAs (the launcher converts to clusters for cuda.core); spare clusters would idle.
         main = Launch(grid=(p.grid, 1, 1), block=(int(genes["threads"]), 1, 1), shared_bytes=p.shared_bytes,
                       args=(inputs["x"], inputs["w"], inputs["dy"], inputs["rstd"], outputs["dx"], partial,
                             np.int32(m), np.int32(n), np.int32(p.slots), np.int32(p.flags)),

@@ -6,7 +6,7 @@
 #   c: the bench reports against every baseline present (QuACK needs its wheels installed by then)
 # Optional peers are found by import name only (quack, liger_kernel, rmsnorm for INT21's RMSNorm-H100).
 kf_stage="${1:?stage a, b or c}"
-kf_ev="$OUT/ev"
+kf_ev="/tmp/kf-ev/$kf_stage"   # everything lands here, and goes back to $OUT as two archives (few files)
 mkdir -p "$kf_ev" runs
 kf_run() {  # name, config, extra overrides...
   local name="$1" cfg="$2"; shift 2
@@ -15,13 +15,14 @@ kf_run() {  # name, config, extra overrides...
 }
 kf_pack() {
   tar czf "$OUT/runs-$kf_stage.tgz" runs/h200-*/journal.jsonl runs/h200-*/lessons.md runs/ops 2>/dev/null
-  tar czf "$OUT/ev-$kf_stage.tgz" -C "$OUT" ev
+  tar czf "$OUT/ev-$kf_stage.tgz" -C /tmp/kf-ev "$kf_stage"
 }
 case "$kf_stage" in
 a)
   timeout 300 python3 -m pytest -m gpu --gpu tests/gpu -q -p no:cacheprovider -rfE > "$kf_ev/gpu_tests.log" 2>&1
   tail -n 15 "$kf_ev/gpu_tests.log"
   kernel-factory faults --out "$kf_ev/faults.json" > "$kf_ev/faults.md" 2>&1; echo "faults rc=$?"
+  cat "$kf_ev/faults.md"
   kf_run h200-fwd-bf16 configs/rmsnorm_fwd_pershape.yaml -o search.seeds_from=kernels/ops/rmsnorm_fwd.json \
     -o search.wall_clock_s=100
   kf_run h200-fwd-fp16 configs/rmsnorm_fwd_pershape.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=60
@@ -53,6 +54,7 @@ c)
     --dtypes bfloat16 --reps 30 --baselines factory_op,torch_eager,quack,int21 --out "$kf_ev" --stem fwd-heldout \
     > "$kf_ev/bench-heldout.log" 2>&1
   echo "bench heldout rc=$?"
+  for f in "$kf_ev"/*.md; do echo "== $f"; grep -E "^\| (bfloat16|float16|float32)|Geomean|Repeat" "$f" | cut -c1-150; done
   ;;
 esac
 kf_pack

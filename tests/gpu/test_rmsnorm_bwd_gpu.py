@@ -83,13 +83,19 @@ def bench():
     return worker.Bench({"problem": "rmsnorm_bwd", "baseline": "torch_eager", "bench_cases": [], "check_cases": []})
 
 
-def gate(bench, cubin: bytes, genes: dict, case: Case, rng: random.Random) -> str | None:
-    from kernel_factory.evo.evaluate import launcher, worker
+def gate(bench, module, genes: dict, case: Case, rng: random.Random) -> str | None:
+    """The worker's four-launch correctness gate on one case: None, or why the genome failed it."""
+    from kernel_factory.evo.evaluate import worker
     try:
-        bench.gate_case(launcher.Module(cubin, "rmsnorm_bwd"), genes, case, rng)
+        bench.gate_case(module, genes, case, rng)
     except worker.Rejected as exc:
         return f"{exc.status.value}: {exc}"
     return None
+
+
+def module(cubin: bytes):
+    from kernel_factory.evo.evaluate import launcher
+    return launcher.Module(cubin, "rmsnorm_bwd")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -99,8 +105,9 @@ def test_every_genome_passes_the_gate_on_odd_and_held_out_shapes(built, bench, d
     rng = random.Random(7)
     failures = []
     for name, (g, cubins) in built.items():
+        loaded = module(cubins[dtype])
         for shape in shapes:
-            bad = gate(bench, cubins[dtype], g, Case(shape, dtype), rng)
+            bad = gate(bench, loaded, g, Case(shape, dtype), rng)
             if bad:
                 failures.append(f"{name} {shape}: {bad[:300]}")
     assert not failures, "\n".join(failures)
@@ -111,7 +118,7 @@ def test_corners_pass_the_gate_on_benchmark_rows(built, bench, case):
     rng = random.Random(8)
     names = ["default", "warp_rows_vec8", "cluster8_1024", "cluster8_512_kv4", "rows4_smem_tree"]
     failures = [f"{n}: {bad[:300]}" for n in names
-                if (bad := gate(bench, built[n][1][case.dtype], built[n][0], case, rng))]
+                if (bad := gate(bench, module(built[n][1][case.dtype]), built[n][0], case, rng))]
     assert not failures, "\n".join(failures)
 
 
