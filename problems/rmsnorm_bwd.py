@@ -184,7 +184,7 @@ class RmsNormBackward:
     space = SPACE
     dtypes = ("bfloat16", "float16", "float32")
     shape_sets = {"benchmark": BENCHMARK, "correctness": CORRECTNESS, "heldout": HELDOUT}
-    baselines = ("torch_eager", "torch_compile", "quack", "quack_tuned", "liger", "int21")
+    baselines = ("torch_eager", "torch_compile", "quack", "quack_tuned", "liger", "int21", "factory_op")
     row_outputs = ("dx",)   # outputs split by rows; dw sums over every row (see reference_rows)
 
     def template(self) -> str:
@@ -307,6 +307,9 @@ class RmsNormBackward:
             if not hasattr(int21, "rmsnorm_bwd_ref"):
                 raise MissingBaseline(f"module rmsnorm at {getattr(int21, '__file__', '?')} is not INT21's")
             return lambda: dict(zip(("dx", "dw"), int21.rmsnorm_bwd(x, w, dy, rstd)[:2]))
+        if name == "factory_op":   # this project's exported library op (kernels/rmsnorm.py), for bench --op
+            from kernel_factory.kernels import rmsnorm as op
+            return lambda: dict(zip(("dx", "dw"), op.rmsnorm_bwd(x, w, dy, rstd)[:2]))
         raise MissingBaseline(f"unknown baseline {name!r}; this problem has {', '.join(self.baselines)}")
 
 

@@ -78,5 +78,5 @@ def test_expected_sass_holds_on_a_sample_of_the_space(rmsnorm):
     for genes in random.Random(11).sample(space, 6) + [rmsnorm.space.defaults()]:
         ops = sass_of(rmsnorm, **genes)
         for pattern, present, why in rmsnorm.expected_sass(genes, "bfloat16"):
-            found = sum(n for op, n in ops.items() if re.fullmatch(pattern, op))
+            found = sum(n for op, n in ops.items() if re.match(pattern, op))
             assert bool(found) == present, (genes, pattern, why)

@@ -212,7 +212,7 @@ class GpuEvaluator:
 
     def sass_flags(self, cand: Candidate, outputs: Mapping[str, CompileOutput]) -> tuple[str, ...]:
         """Where the binary contradicts the genome: an instruction the genes select that is missing (or one they
-        rule out that is present). expected_sass(genes, dtype) gives (opcode regex, must be present, why)."""
+        rule out that is present). expected_sass(genes, dtype) gives (opcode regex matched at the start, must be present, why)."""
         if not self.want_sass or cand.genome.patch:
             return ()
         flags = []
@@ -221,7 +221,7 @@ class GpuEvaluator:
                 flags.append(f"{dt}: SASS not checked (cuobjdump unavailable or failed)")
                 continue
             for pattern, present, why in self.problem.expected_sass(cand.genome.gene_dict, dt):
-                found = sum(n for op, n in out.opcodes.items() if re.fullmatch(pattern, op))
+                found = sum(n for op, n in out.opcodes.items() if re.match(pattern, op))
                 if bool(found) != present:
                     flags.append(f"{dt}: binary {'lacks' if present else 'has'} {pattern} ({why})")
         return tuple(flags)

@@ -109,18 +109,23 @@ class Bench:
     def verify_sample(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any], label: str) -> None:
         """Re-check a random sample of rows of a benchmark output against the inputs that produced it.
 
-        Assumes a row-wise problem (each output row depends only on the same input row, and tensors whose first
-        dimension is M are split by rows), which holds for the shipped problems."""
+        Row-wise problems by default: each output row depends only on the same input row, and tensors whose first
+        dimension is M are split by rows. A problem with outputs that reduce over rows (a backward's dw) provides
+        reference_rows(inputs, rows) and names its row-split outputs in row_outputs; the others are compared whole."""
         torch, p = self.torch, self.problem
         m = case.shape[0]
         rows = sorted(set(random.Random(case.key).sample(range(m), min(m, BENCH_SAMPLE_ROWS)) + [0, m - 1]))
         idx = torch.tensor(rows, device="cuda")
-        pick = {k: (v.index_select(0, idx) if getattr(v, "dim", lambda: 0)() > 1 and v.shape[0] == m else v)
-                for k, v in inputs.items()}
-        ref = p.reference(pick)
+        if hasattr(p, "reference_rows"):
+            ref, by_rows = p.reference_rows(inputs, idx), set(p.row_outputs)
+        else:
+            pick = {k: (v.index_select(0, idx) if getattr(v, "dim", lambda: 0)() > 1 and v.shape[0] == m else v)
+                    for k, v in inputs.items()}
+            ref = p.reference(pick)
+            by_rows = {k for k in ref if outputs[k].shape[:1] == (m,)}
         atol, rtol = p.tolerance(case.dtype)
         for name, want in ref.items():
-            got = outputs[name].index_select(0, idx) if outputs[name].shape[:1] == (m,) else outputs[name]
+            got = outputs[name].index_select(0, idx) if name in by_rows else outputs[name]
             bad = measure.mismatch(got, want, atol, rtol, f"{case.key} {label} {name}")
             if bad:
                 raise Rejected(Status.INCORRECT, bad)

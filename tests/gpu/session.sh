@@ -25,11 +25,13 @@ a)
   cat "$kf_ev/faults.md"
   kf_run h200-fwd-bf16 configs/rmsnorm_fwd_pershape.yaml -o search.seeds_from=kernels/ops/rmsnorm_fwd.json \
     -o search.wall_clock_s=100
-  kf_run h200-fwd-fp16 configs/rmsnorm_fwd_pershape.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=60
+  kf_run h200-fwd-fp16 configs/rmsnorm_fwd_pershape.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=60 \
+    -o search.seeds_from=kernels/ops/rmsnorm_fwd.json
   kf_run h200-bwd-bf16 configs/rmsnorm_bwd_pershape.yaml -o search.wall_clock_s=90
   ;;
 b)
-  kf_run h200-fwd-fp32 configs/rmsnorm_fwd_pershape.yaml -o 'dtypes=[float32]' -o search.wall_clock_s=60
+  kf_run h200-fwd-fp32 configs/rmsnorm_fwd_pershape.yaml -o 'dtypes=[float32]' -o search.wall_clock_s=60 \
+    -o search.seeds_from=kernels/ops/rmsnorm_fwd.json
   kf_run h200-bwd-fp16 configs/rmsnorm_bwd_pershape.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=60
   kf_run h200-fwd-heldout configs/rmsnorm_fwd_pershape.yaml -o shapes=heldout -o search.wall_clock_s=40
   # Exports go to runs/ops (ignored, so kept on the host); stage c copies them into kernels/ops before installing.
