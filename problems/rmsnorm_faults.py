@@ -43,6 +43,7 @@ class RmsNormFaults(RmsNormForward):
     space = SPACE
     dtypes = ("bfloat16",)
     baselines = ("torch_eager",)
+    expected_sass = None   # the faults select no PTX flavours: nothing to check in their binaries
 
     def template(self) -> str:
         return templates.read("rmsnorm_faults.cu")
