@@ -30,7 +30,7 @@ a)
   kf_run h200-bwd-bf16 configs/rmsnorm_bwd_pershape.yaml -o search.wall_clock_s=90
   ;;
 b)
-  timeout 100 python3 -m pytest -m gpu --gpu tests/gpu/test_faults_gpu.py tests/gpu/test_rmsnorm_fwd_wide_gpu.py -q \
+  timeout 100 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_fwd_wide_gpu.py -q \
     -p no:cacheprovider -rfE > "$kf_ev/gpu_tests_b.log" 2>&1; tail -n 4 "$kf_ev/gpu_tests_b.log"
   kernel-factory faults --out "$kf_ev/faults.json" > "$kf_ev/faults.md" 2>&1; echo "faults rc=$?"
   cat "$kf_ev/faults.md"
