@@ -93,6 +93,8 @@ def providers(problem: Problem, subject: Subject, compiled: Compiled, stream: An
             out[name] = problem.baseline(name, case, inputs)
         except MissingBaseline as exc:
             out[name] = f"unavailable: {exc}"
+        except Exception as exc:  # a peer whose setup rejects this shape (e.g. a block size limit)
+            out[name] = f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
     return out
 
 

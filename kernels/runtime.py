@@ -158,9 +158,11 @@ class Kernels:
         from kernel_factory.evo.evaluate.launcher import launcher, torch_stream
         genome, steps = self.plan(case, inputs, outputs, scalars)
         device = next(t.device for t in inputs.values() if hasattr(t, "device"))
+        if device.index is None or device.index == torch.cuda.current_device():
+            launcher(torch_stream(), self.module(genome, case.dtype, torch.cuda.current_device()), steps)()
+            return genome
         with torch.cuda.device(device):
-            module = self.module(genome, case.dtype, torch.cuda.current_device())
-            launcher(torch_stream(), module, steps)()
+            launcher(torch_stream(), self.module(genome, case.dtype, torch.cuda.current_device()), steps)()
         return genome
 
 

@@ -48,20 +48,32 @@ def set_max_dynamic_shared(kernel: Any, nbytes: int) -> None:
         raise RuntimeError(f"cannot allow {nbytes} B of dynamic shared memory: {err.name}")
 
 
-def launcher(stream: Any, module: Module, plan: Launch | Sequence[Launch]) -> Callable[[], None]:
-    """A zero-argument callable that enqueues every step of the plan on `stream` (a cuda.core Stream)."""
-    from cuda.core import LaunchConfig, launch
-    calls = []
-    for step in launch_steps(plan):
-        module.allow_shared(step.kernel, step.shared_bytes)
+_CONFIGS: dict[tuple, Any] = {}   # launch configurations by geometry: library ops call with the same few shapes
+
+
+def config(step: Launch) -> Any:
+    from cuda.core import LaunchConfig
+    key = (step.grid, step.block, step.shared_bytes, step.cluster)
+    if key not in _CONFIGS:
         grid, extra = step.grid, {}
         if step.cluster:
             # Launch.grid counts CTAs; with a cluster, cuda.core's grid counts clusters.
             grid = tuple(g // c for g, c in zip(step.grid, step.cluster))
             extra = {"cluster": step.cluster}
-        cfg = LaunchConfig(grid=grid, block=step.block, shmem_size=step.shared_bytes, **extra)
+        if len(_CONFIGS) > 4096:
+            _CONFIGS.clear()
+        _CONFIGS[key] = LaunchConfig(grid=grid, block=step.block, shmem_size=step.shared_bytes, **extra)
+    return _CONFIGS[key]
+
+
+def launcher(stream: Any, module: Module, plan: Launch | Sequence[Launch]) -> Callable[[], None]:
+    """A zero-argument callable that enqueues every step of the plan on `stream` (a cuda.core Stream)."""
+    from cuda.core import launch
+    calls = []
+    for step in launch_steps(plan):
+        module.allow_shared(step.kernel, step.shared_bytes)
         args = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a for a in step.args)
-        calls.append((cfg, module.kernel(step.kernel), args))
+        calls.append((config(step), module.kernel(step.kernel), args))
 
     def run() -> None:
         for cfg, kernel, args in calls:
@@ -69,9 +81,19 @@ def launcher(stream: Any, module: Module, plan: Launch | Sequence[Launch]) -> Ca
     return run
 
 
+_STREAMS: dict[tuple[int, int], Any] = {}
+
+
 def torch_stream() -> Any:
-    """torch's current CUDA stream as a cuda.core Stream (cuda.core and torch share the primary context)."""
+    """torch's current CUDA stream as a cuda.core Stream (cuda.core and torch share the primary context); the
+    wrapper is made once per (device, stream), since library ops ask for it on every call."""
     import torch
     from cuda.core import Device, Stream
-    Device(torch.cuda.current_device()).set_current()
-    return Stream.from_handle(torch.cuda.current_stream().cuda_stream)
+    index = torch.cuda.current_device()
+    handle = torch.cuda.current_stream().cuda_stream
+    if (index, handle) not in _STREAMS:
+        Device(index).set_current()
+        if len(_STREAMS) > 256:
+            _STREAMS.clear()
+        _STREAMS[(index, handle)] = Stream.from_handle(handle)
+    return _STREAMS[(index, handle)]
