@@ -1,7 +1,8 @@
 """`kernel-factory bench`: one kernel against every baseline available, side by side in one process on one GPU.
 
-Every provider (the subject and each baseline) is first checked against the fp32 reference on the row's inputs;
-then all of them are timed interleaved sample by sample (A B C A B C ..., an L2 flush before each sample), so
+Every provider (the subject and each baseline) is first checked against the fp32 reference on the row's inputs:
+the subject must pass the problem's tolerance; a baseline outside it is still timed and the row notes how far off it
+is (a peer that accumulates in bf16, say), while one that fails to run is reported without a time. Then all are timed interleaved sample by sample (A B C A B C ..., an L2 flush before each sample), so
 that clock or thermal drift falls on all alike. Launches shorter than --graph-below-us are timed as CUDA-graph
 replays where the provider can be captured, and the row says so. `--repeat 2` times the subject a second time in
 a separate pass and reports how far the two medians of each row are apart. Results: a table (worst rows first),
@@ -124,12 +125,15 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
                            "bytes": problem.bytes_moved(case), "providers": {}}
     fns = providers(problem, subject, compiled, stream, case, inputs, baselines)
     ready: dict[str, Callable[[], Any]] = {}
+    notes: dict[str, str] = {}
     for name, fn in fns.items():
         why = fn if isinstance(fn, str) else check(problem, case, inputs, fn)
-        if why:
+        if why and (name == SUBJECT or not why.startswith("incorrect")):
             row["providers"][name] = {"error": why}
-        else:
-            ready[name] = fn
+            continue
+        if why:   # a peer outside our tolerance (e.g. bf16 accumulation) is still timed, and the row says so
+            notes[name] = why
+        ready[name] = fn
     timed, graphed = graph_where_short(timer, ready)
     for rep in range(max(1, repeat) if SUBJECT in timed else 1):
         names = list(timed) if rep == 0 else [SUBJECT]
@@ -138,7 +142,7 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
                 gbps = row["bytes"] / (t.median_us * 1e-6) / 1e9
                 row["providers"][name] = {"us": t.median_us, "iqr_us": t.iqr_us, "gbps": gbps,
                                           "pct_copy": 100 * gbps / copy_gbps, "graph": name in graphed,
-                                          "reps": t.reps}
+                                          "reps": t.reps, **({"note": notes[name]} if name in notes else {})}
             else:
                 row["providers"][name].setdefault("repeat_us", []).append(t.median_us)
     del inputs

@@ -87,7 +87,9 @@ def markdown(result: Mapping[str, Any]) -> str:
         for p in peers:
             r = ratio(row, p)
             err = row["providers"].get(p, {}).get("error")
-            cells.append(fmt(r) + (" g" if row["providers"].get(p, {}).get("graph") else "") if r else
+            mark = (" g" if row["providers"].get(p, {}).get("graph") else "") + \
+                (" *" if row["providers"].get(p, {}).get("note") else "")
+            cells.append(fmt(r) + mark if r else
                          ("n/a" if err and err.startswith("unavailable") else ("fails" if err else "-")))
         if "error" in mine:
             cells[1] = f"ERROR: {mine['error'][:80]}"
@@ -99,6 +101,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         worst = max(spreads, key=lambda t: t[1])
         lines += ["", f"Repeat: the subject timed again in a separate pass differs from the first pass by at most "
                       f"{worst[1]:.2f}% per row (worst {worst[0]}; median {sorted(s for _, s in spreads)[len(spreads) // 2]:.2f}%)."]
+    notes = [(row["case"], n, p["note"]) for row in result["rows"] for n, p in row["providers"].items() if "note" in p]
+    if notes:
+        lines += ["", "Timed, but outside the problem's tolerance (marked *):"] + \
+            [f"- {c} {n}: {e[:160]}" for c, n, e in notes]
     errors = [(row["case"], n, p["error"]) for row in result["rows"] for n, p in row["providers"].items() if "error" in p]
     if errors:
         lines += ["", "Providers without a time:"] + [f"- {c} {n}: {e[:160]}" for c, n, e in errors]

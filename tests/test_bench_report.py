@@ -12,7 +12,8 @@ def result():
         return {"case": f"bfloat16:1024x{n}", "dtype": "bfloat16", "shape": [1024, n], "bytes": 4 * 1024 * n,
                 "providers": {SUBJECT: {"us": ours, "iqr_us": 0.1, "gbps": 1.0, "pct_copy": 50.0, "graph": n < 512,
                                         "repeat_us": [repeat]},
-                              "torch_eager": {"us": eager, "gbps": 1.0, "pct_copy": 40.0, "graph": False},
+                              "torch_eager": {"us": eager, "gbps": 1.0, "pct_copy": 40.0, "graph": False,
+                                              **({"note": "incorrect: dx off"} if n == 8192 else {})},
                               "quack": quack, "liger": {"error": "unavailable: liger-kernel is not installed"}}}
     return {"format": "kernel-factory-bench/1", "problem": "rmsnorm_fwd", "subject": "genome abc",
             "baselines": ["torch_eager", "quack", "liger"], "reps": 50, "repeat": 2, "graph_below_us": 30.0,
@@ -41,6 +42,7 @@ def test_markdown_says_what_happened():
     assert "10.0 g" in table[2]   # the short row was graph-timed
     assert "at most 1.00% per row (worst bfloat16:1024x4096" in md
     assert "TEST GPU" in md and "too much shared memory" in md
+    assert "1.111 *" in table[1] and "bfloat16:1024x8192 torch_eager: incorrect: dx off" in md
 
 
 def test_files_and_rerender(tmp_path, capsys):

@@ -1,0 +1,43 @@
+"""Small evaluator pieces on the CPU: timing summaries, the throughput figure, recordings of a grown gene space,
+and restricted spaces."""
+import pytest
+
+from kernel_factory.evo.evaluate import measure, recording
+from kernel_factory.evo.protocols import throughput
+from kernel_factory.evo.types import EvalResult, Gene, GeneSpace, Genome, Status
+
+
+def test_summary_is_median_and_iqr_and_says_which_ran_last():
+    t = measure.summarize([5.0, 1.0, 3.0, 2.0, 4.0], last=1, graph=True)
+    assert (t.median_us, t.iqr_us, t.reps, t.last, t.graph) == (3.0, 2.0, 5, 1, True)
+
+
+def test_throughput_counts_only_live_timed_candidates():
+    live = [EvalResult("a", Status.OK, 1.0, {"c": 1.0}, evaluator="gpu", gpu_s=0.3),
+            EvalResult("b", Status.INCORRECT, evaluator="gpu", gpu_s=0.3),
+            EvalResult("c", Status.OK, 1.0, {"c": 1.0}, evaluator="gpu", gpu_s=0.0),      # a reused answer
+            EvalResult("d", Status.OK, 1.0, {"c": 1.0}, evaluator="replay", gpu_s=0.5)]   # replayed
+    assert throughput(live) == pytest.approx(1 / (0.6 / 60))
+    assert throughput(live[2:]) == 0.0
+
+
+SPACE = GeneSpace((Gene("a", (1, 2), 1), Gene("b", ("x", "y"), "x"), Gene("new", (False, True), False)),
+                  rule=lambda g: "no" if g["a"] == 2 and g["b"] == "y" else None)
+
+
+def test_a_recording_of_an_older_space_answers_at_the_new_genes_defaults():
+    old = Genome.of({"a": 2, "b": "x"})
+    rec = recording.Recording({"space": {"a": [1, 2], "b": ["x", "y"]}},
+                              {old.id: (old, EvalResult(old.id, Status.OK, times_us={"k": 1.0}))}, None)
+    grown = recording.expand(rec, SPACE)
+    (genome, result), = grown.entries.values()
+    assert genome.gene_dict == {"a": 2, "b": "x", "new": False} and result.candidate_id == genome.id
+    choices = recording.covered_choices(rec.header, SPACE)
+    assert choices == {"a": (1, 2), "b": ("x", "y"), "new": (False,)}
+    narrow = SPACE.restricted(choices)
+    assert narrow["new"].choices == (False,) and len(list(narrow.enumerate())) == 3
+
+
+def test_restricting_to_nothing_is_an_error():
+    with pytest.raises(ValueError, match="gene a"):
+        SPACE.restricted({"a": (7,)})
