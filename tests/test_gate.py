@@ -83,6 +83,10 @@ def check(kernel, case=CASE):
 def test_an_honest_kernel_passes_every_launch():
     for dtype in ("bfloat16", "float16", "float32"):
         assert check(honest, Case((17, 760), dtype)) is None
+    launches = []
+    counted = lambda ins, outs: (launches.append(1), honest(ins, outs))   # noqa: E731
+    assert gate.Gate(rmsnorm, counted, device="cpu", seeds=3).check(CASE, random.Random(2)) is None
+    assert len(launches) == 5, "seeds=3: three seeds, one repeat, one special launch"
 
 
 @pytest.mark.parametrize("kernel, words", [

@@ -91,6 +91,7 @@ class Gate:
     problem: Problem
     launch: Callable[[Mapping[str, Any], Mapping[str, Any]], None]
     device: str = "cuda"
+    seeds: int = 2              # fresh random inputs per case: the first into new buffers, the rest into the same
     checked: set = field(default_factory=set)   # the outputs the reference covers (scratch buffers are not)
 
     def compare(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any], label: str) -> str | None:
@@ -115,16 +116,19 @@ class Gate:
     def check(self, case: Case, rng: random.Random) -> str | None:
         import torch
         p = self.problem
-        seed_a, seed_b, seed_c = (rng.randrange(2**31) for _ in range(3))
+        seed_a, *later = (rng.randrange(2**31) for _ in range(max(2, self.seeds)))
+        seed_c = rng.randrange(2**31)
         inputs = p.make_inputs(case, seed_a, self.device)
         guarded = Guarded(p.make_outputs(case, self.device), torch.Generator(device=self.device).manual_seed(seed_a))
         bad = self.run_once(case, inputs, guarded, f"seed {seed_a}")
         if bad:
             return bad
-        refill(inputs, p.make_inputs(case, seed_b, self.device))
-        bad = self.run_once(case, inputs, guarded, f"seed {seed_b}, second call on the same buffers", poisoned=False)
-        if bad:
-            return bad
+        for seed_b in later:
+            refill(inputs, p.make_inputs(case, seed_b, self.device))
+            bad = self.run_once(case, inputs, guarded, f"seed {seed_b}, second call on the same buffers",
+                                poisoned=False)
+            if bad:
+                return bad
         if getattr(p, "deterministic", True):
             first = {k: v.clone() for k, v in guarded.views.items()}
             bad = self.run_once(case, inputs, guarded, f"seed {seed_b}, repeated")

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from kernel_factory.evo.config import ConfigError
 from kernel_factory.evo.evaluate import binary, render, sass, static_check, worker
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler, CompileOutput
 from kernel_factory.evo.protocols import EvaluatorInfo, Problem
@@ -113,6 +114,9 @@ class GpuEvaluator:
                  compile_workers: int | None = None, check_seeds: int = 2, timeout_floor_s: float = 10.0,
                  min_reps: int = 5, max_reps: int = 50, target_ms: float = 1.5, graph_below_us: float = 0.0,
                  finalist_reps: int = 100):
+        if check_seeds < 2:
+            raise ConfigError(f"config key 'evaluator.gpu.check_seeds' must be >= 2 (the second seed checks a repeated "
+                              f"call on the same buffers), got {check_seeds}")
         reason = gpu_unavailable_reason()
         if reason:
             raise WorkerError(f"evaluator 'gpu' needs an NVIDIA GPU: {reason}. Use evaluator.kind: replay (or auto)")

@@ -75,6 +75,7 @@ class Bench:
         self.bench_cases = [Case.parse(k) for k in setup["bench_cases"]]
         self.check_cases = [Case.parse(k) for k in setup["check_cases"]]
         self.baseline = setup["baseline"]
+        self.check_seeds = int(setup.get("check_seeds", 2))
         self.pools: dict[str, Pool] = {}
         self.copy_gbps = 0.0
 
@@ -102,7 +103,7 @@ class Bench:
             self.sync()
             run(self.prepare(module, genes, case, inputs, outputs))
             self.sync()
-        bad = gate.Gate(self.problem, run_and_sync).check(case, rng)
+        bad = gate.Gate(self.problem, run_and_sync, seeds=self.check_seeds).check(case, rng)
         if bad:
             raise Rejected(Status.INCORRECT, bad)
 
