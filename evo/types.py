@@ -6,6 +6,7 @@ and the tests can all share it. Identity is content: a genome's id is the hash o
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -142,9 +143,10 @@ class Genome:
     def patch_dict(self) -> dict[str, str]:
         return dict(self.patch)
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
-        """Content hash: the same genes and patch give the same id in every run and on every machine."""
+        """Content hash: the same genes and patch give the same id in every run and on every machine. Computed once
+        per object (library ops look genomes up by id on every call)."""
         payload = canonical_json({"genes": self.gene_dict, "patch": self.patch_dict})
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
