@@ -11,19 +11,13 @@ from kernel_factory.evo.protocols import Launch
 from kernel_factory.evo.types import Genome
 from kernel_factory.kernels import rmsnorm as op
 from kernel_factory.kernels import runtime
+from rmsnorm_formula import formula
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # (atol, rtol) of a result rounded to the dtype, against an fp64 evaluation of the formula.
 TOL = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3), torch.float32: (1e-4, 1e-4)}
 
 
-def formula(x, w=None, b=None, res=None, eps=1e-6):
-    """The RMSNorm formula in whatever precision its arguments have (fp64 here): (out, h, rstd)."""
-    h = x if res is None else x + res
-    rstd = torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + eps)
-    y = h * rstd
-    y = y * w if w is not None else y
-    return (y + b if b is not None else y), h, rstd.squeeze(-1)
 
 
 def close(got, want, dtype=None):

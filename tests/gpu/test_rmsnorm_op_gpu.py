@@ -9,6 +9,7 @@ import torch
 
 from kernel_factory.kernels import rmsnorm as op
 from kernel_factory.kernels import runtime
+from rmsnorm_formula import formula
 
 pytestmark = pytest.mark.gpu
 
@@ -32,12 +33,6 @@ def kernels_only(monkeypatch):
         monkeypatch.setattr(op, "_backward_reference", refuse)
 
 
-def formula(x, w=None, b=None, res=None, eps=1e-6):
-    h = x if res is None else x + res
-    rstd = torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + eps)
-    y = h * rstd
-    y = y * w if w is not None else y
-    return (y + b if b is not None else y), h, rstd.squeeze(-1)
 
 
 def rand(shape, dtype, seed, grad=False):
