@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from kernel_factory.evo import registry
+from kernel_factory.evo.build import shapes_of
 from kernel_factory.evo.config import ConfigError
 from kernel_factory.evo.evaluate import gate, launcher, measure, render
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
@@ -39,13 +40,7 @@ class Subject:
 
 def parse_cases(problem: Problem, shapes: str, dtypes: Sequence[str]) -> list[Case]:
     """`benchmark`, `heldout`, `correctness` or a comma list of MxN, for each dtype."""
-    if shapes in problem.shape_sets:
-        chosen = problem.shape_sets[shapes]
-    else:
-        try:
-            chosen = tuple(tuple(int(v) for v in s.lower().split("x")) for s in shapes.split(","))
-        except ValueError:
-            raise ConfigError(f"--shapes {shapes!r}: use one of {', '.join(problem.shape_sets)} or MxN,MxN") from None
+    chosen = shapes_of(problem, shapes, "--shapes")
     bad = [d for d in dtypes if d not in problem.dtypes]
     if bad:
         raise ConfigError(f"--dtypes: {problem.name} has no dtype {bad[0]!r}; it has {', '.join(problem.dtypes)}")

@@ -47,6 +47,25 @@ def construct(factory: Callable[..., Any], options: Mapping[str, Any], where: st
         raise ConfigError(f"config key '{where}': {exc}") from exc
 
 
+def shapes_of(problem: Problem, spec: str, where: str) -> tuple[tuple[int, ...], ...]:
+    """A shape set of the problem by name (benchmark, correctness, heldout), or shapes listed as "MxN,MxN" (e.g. a
+    search of the widest benchmark rows only). `where` names the setting in errors."""
+    if spec in SHAPE_SETS:
+        return tuple(tuple(s) for s in problem.shape_sets[spec])
+    rank = len(problem.shape_sets["benchmark"][0])
+    shapes = []
+    for item in str(spec).split(","):
+        try:
+            shape = tuple(int(v) for v in item.strip().lower().split("x"))
+        except ValueError:
+            shape = ()
+        if len(shape) != rank or min(shape) < 1:
+            raise ConfigError(f"{where}: {item.strip()!r} is not a shape; use one of {', '.join(SHAPE_SETS)} or "
+                              f"a comma list of {'x'.join('MNK'[:rank])} with positive sizes, e.g. 32768x4096")
+        shapes.append(shape)
+    return tuple(shapes)
+
+
 def prepare(cfg: RunConfig) -> Run:
     """Resolve the problem, its cases and the operators. Touches no GPU."""
     problem = _plugin("problem", cfg.problem, "problem")
@@ -55,9 +74,7 @@ def prepare(cfg: RunConfig) -> Run:
         if dt not in problem.dtypes:
             raise ConfigError(f"config key 'dtypes': {dt!r} is not supported by {problem.name}; "
                               f"choose from {', '.join(problem.dtypes)}")
-    if cfg.shapes not in SHAPE_SETS:
-        raise ConfigError(f"config key 'shapes' must be one of {', '.join(SHAPE_SETS)}, got {cfg.shapes!r}")
-    cases = tuple(Case(tuple(s), dt) for dt in dtypes for s in problem.shape_sets[cfg.shapes])
+    cases = tuple(Case(s, dt) for dt in dtypes for s in shapes_of(problem, cfg.shapes, "config key 'shapes'"))
     baseline = cfg.evaluator.baseline or problem.baselines[0]
     if baseline not in problem.baselines:
         raise ConfigError(f"config key 'evaluator.baseline': {baseline!r} is not a baseline of {problem.name}; "

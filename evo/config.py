@@ -83,7 +83,7 @@ class TrackingConfig:
 class RunConfig:
     problem: str
     dtypes: tuple[str, ...] | None = None   # None: the problem's first dtype
-    shapes: str = "benchmark"               # the problem's shape set that fitness is measured on
+    shapes: str = "benchmark"               # a shape set of the problem, or "MxN,MxN": the shapes fitness measures
     seed: int = 0
     out_dir: str = "runs"
     observers: tuple[str, ...] = ("console", "journal", "mlflow")

@@ -53,13 +53,23 @@ def test_missing_file_and_bad_yaml(tmp_path):
      "'search.operators.gene_mutation.rate' is unknown; valid keys under 'search.operators.gene_mutation': per_gene_p"),
     ({"problem": "rmsnorm_fwd", "search": {"operators": {"gene_mutation": {"per_gene_p": 3.0}}}}, "per_gene_p must be in"),
     ({"problem": "rmsnorm_fwd", "dtypes": ["int8"]}, "'dtypes': 'int8' is not supported"),
-    ({"problem": "rmsnorm_fwd", "shapes": "huge"}, "'shapes' must be one of benchmark, correctness, heldout"),
+    ({"problem": "rmsnorm_fwd", "shapes": "huge"}, "'shapes': 'huge' is not a shape; use one of benchmark, correctness, "
+                                                   "heldout or a comma list of MxN"),
+    ({"problem": "rmsnorm_fwd", "shapes": "64x0"}, "'shapes': '64x0' is not a shape"),
+    ({"problem": "rmsnorm_fwd", "shapes": "64x8x2"}, "'shapes': '64x8x2' is not a shape"),
     ({"problem": "rmsnorm_fwd", "evaluator": {"baseline": "cublas"}}, "'cublas' is not a baseline of rmsnorm_fwd"),
 ])
 def test_bad_plugins_and_values_fail_before_any_work(data, needle):
     with pytest.raises(ConfigError) as err:
         build.prepare(config.parse(data))
     assert needle in str(err.value)
+
+
+def test_shapes_may_be_listed():
+    run = build.prepare(config.parse({"problem": "rmsnorm_fwd", "shapes": "32768x65536, 8192x262144",
+                                      "dtypes": ["bfloat16", "float16"]}))
+    assert [c.key for c in run.cases] == ["bfloat16:32768x65536", "bfloat16:8192x262144", "float16:32768x65536",
+                                          "float16:8192x262144"]
 
 
 def test_unknown_evaluator_option_is_named(synthetic_recording):

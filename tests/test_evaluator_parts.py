@@ -41,3 +41,16 @@ def test_a_recording_of_an_older_space_answers_at_the_new_genes_defaults():
 def test_restricting_to_nothing_is_an_error():
     with pytest.raises(ValueError, match="gene a"):
         SPACE.restricted({"a": (7,)})
+
+
+def test_dynamic_shared_memory_is_allowed_even_below_48_kb(monkeypatch):
+    """The 48 KB default includes static shared memory: 47232 B dynamic beside 2064 B static fails to launch
+    unless the kernel's limit is raised, so any dynamic amount not yet allowed is set (once)."""
+    from kernel_factory.evo.evaluate import launcher
+    calls = []
+    monkeypatch.setattr(launcher, "set_max_dynamic_shared", lambda kernel, nbytes: calls.append((kernel, nbytes)))
+    module = launcher.Module.__new__(launcher.Module)
+    module.default_kernel, module._kernels, module._smem = "main", {"main": "K", "dw": "D"}, {}
+    for name, nbytes in (("main", 0), ("main", 47232), ("", 40000), ("main", 47232), ("dw", 100000)):
+        module.allow_shared(name, nbytes)
+    assert calls == [("K", 47232), ("D", 100000)]

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernel_factory.evo.protocols import Launch
-from kernel_factory.evo.types import Genome
+from kernel_factory.evo.protocols import Launch, launch_steps
+from kernel_factory.evo.types import Case, Genome
 from kernel_factory.kernels import rmsnorm as op
 from kernel_factory.kernels import runtime
 from rmsnorm_formula import formula
@@ -227,6 +227,42 @@ def test_eps_reaches_the_launch_plan():
     _, count = runtime.with_scalar(step, np.float32(1e-6), np.float32(1e-6))
     assert count == 1
     assert runtime.problem_constant(op.FWD.problem, "EPS") == 1e-6
+
+
+class _Module:
+    """A loaded cubin's stand-in: records what Prepared asks of it."""
+
+    def __init__(self):
+        self.shared, self.kernels = [], []
+
+    def allow_shared(self, name, nbytes):
+        self.shared.append((name, nbytes))
+
+    def kernel(self, name):
+        self.kernels.append(name)
+        return f"kernel:{name}"
+
+
+def test_prepared_launch_puts_each_calls_addresses_into_the_cached_plan():
+    from kernel_factory.kernels.runtime import Prepared, alignments
+    from kernel_factory.problems.rmsnorm_bwd import problem as bwd
+    case = Case((300, 4096), "bfloat16")
+    inputs, outputs = bwd.make_inputs(case, 1, "cpu"), bwd.make_outputs(case, "cpu")
+    genome = Genome.of(bwd.space.defaults())
+    steps = launch_steps(bwd.launch(genome.gene_dict, case, inputs, outputs))
+    module = _Module()
+    prepared = Prepared(genome, module, steps, {**inputs, **outputs})
+    assert [k for _, k, _, _ in prepared.steps] == ["kernel:rmsnorm_bwd", "kernel:rmsnorm_bwd_dw"]
+    assert module.shared == [("rmsnorm_bwd", steps[0].shared_bytes), ("rmsnorm_bwd_dw", 0)]
+    # Another call's tensors (same shape, new storage): their addresses, in the problem's argument order.
+    again_in, again_out = bwd.make_inputs(case, 2, "cpu"), bwd.make_outputs(case, "cpu")
+    tensors = {**again_in, **again_out}
+    fresh = launch_steps(bwd.launch(genome.gene_dict, case, again_in, again_out))
+    want = [[a.data_ptr() if hasattr(a, "data_ptr") else a for a in s.args] for s in fresh]
+    assert prepared.arguments(tensors) == want
+    assert prepared.arguments(tensors)[0][0] != prepared.arguments({**inputs, **outputs})[0][0]
+    assert alignments(tensors) == alignments({**inputs, **outputs})
+    assert alignments({**tensors, "x": again_in["x"].view(-1)[1:]}) != alignments(tensors)
 
 
 @pytest.fixture

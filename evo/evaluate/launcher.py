@@ -7,9 +7,6 @@ from typing import Any, Callable, Sequence
 
 from kernel_factory.evo.protocols import Launch, launch_steps
 
-DEFAULT_DYNAMIC_SMEM = 48 * 1024
-
-
 class Module:
     """One loaded cubin: kernels looked up by name once, opt-in shared memory raised once per kernel."""
 
@@ -27,9 +24,10 @@ class Module:
         return self._kernels[name]
 
     def allow_shared(self, name: str, nbytes: int) -> None:
-        """Raise the kernel's dynamic shared memory limit to nbytes (needed above 48 KB)."""
+        """Raise the kernel's dynamic shared memory limit to nbytes. The 48 KB default counts static shared memory
+        too, so a plan just under 48 KB of dynamic memory can need it: raise it for any amount not yet allowed."""
         name = name or self.default_kernel
-        if nbytes <= max(DEFAULT_DYNAMIC_SMEM, self._smem.get(name, 0)):
+        if nbytes <= self._smem.get(name, 0):
             return
         set_max_dynamic_shared(self.kernel(name), nbytes)
         self._smem[name] = nbytes
@@ -84,16 +82,19 @@ def launcher(stream: Any, module: Module, plan: Launch | Sequence[Launch]) -> Ca
 _STREAMS: dict[tuple[int, int], Any] = {}
 
 
-def torch_stream() -> Any:
-    """torch's current CUDA stream as a cuda.core Stream (cuda.core and torch share the primary context); the
-    wrapper is made once per (device, stream), since library ops ask for it on every call."""
+def torch_stream(index: int | None = None) -> Any:
+    """torch's current CUDA stream on device `index` (default: the current device) as a cuda.core Stream
+    (cuda.core and torch share the primary context); wrapped once per (device, stream), since library ops ask for
+    it on every call."""
     import torch
-    from cuda.core import Device, Stream
-    index = torch.cuda.current_device()
-    handle = torch.cuda.current_stream().cuda_stream
-    if (index, handle) not in _STREAMS:
+    if index is None:
+        index = torch.cuda.current_device()
+    handle = torch.cuda.current_stream(index).cuda_stream
+    stream = _STREAMS.get((index, handle))
+    if stream is None:
+        from cuda.core import Device, Stream
         Device(index).set_current()
         if len(_STREAMS) > 256:
             _STREAMS.clear()
-        _STREAMS[(index, handle)] = Stream.from_handle(handle)
-    return _STREAMS[(index, handle)]
+        stream = _STREAMS[(index, handle)] = Stream.from_handle(handle)
+    return stream

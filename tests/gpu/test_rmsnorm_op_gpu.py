@@ -130,3 +130,28 @@ def test_side_stream_and_second_call_reuse_the_module():
     assert torch.equal(out, again)
     genome, why = op.FWD.choose("bfloat16", 4096)
     assert (genome.id, "bfloat16", torch.cuda.current_device()) in op.FWD._modules, why
+
+
+@pytest.mark.parametrize("x_dt", ["bf16", "fp32"])
+def test_cached_launch_takes_each_calls_tensors(x_dt):
+    """The op prepares a launch once per (dtype, shape, alignment) and then only swaps addresses: new tensors of
+    the same shape must be read and written, and a view off the 16-byte grid must get its own (scalar) plan."""
+    shape, w = (96, 4096), torch.randn(4096, device="cuda")
+    for seed in (11, 12, 13):
+        x = rand(shape, DT[x_dt], seed)
+        out, _, rstd = op.rmsnorm_fwd(x, w, store_rstd=True)
+        want, _, want_rstd = formula(x.double(), w.double())
+        close(out, want)
+        close(rstd, want_rstd, torch.float32)
+        dout = rand(shape, DT[x_dt], seed + 100)
+        dx, dw, _, _ = op.rmsnorm_bwd(x, w, dout, rstd)
+        xr, wr = x.double().requires_grad_(True), w.double().requires_grad_(True)
+        formula(xr, wr)[0].backward(dout.double())
+        torch.testing.assert_close(dx.double(), xr.grad, atol=TOL[DT[x_dt]][0] * (1 + xr.grad.abs().max().item()),
+                                   rtol=TOL[DT[x_dt]][1])
+        torch.testing.assert_close(dw.double(), wr.grad, atol=TOL[DT[x_dt]][0] * (1 + wr.grad.abs().max().item()),
+                                   rtol=TOL[DT[x_dt]][1])
+    flat = rand((shape[0] * shape[1] + 1,), DT[x_dt], 14)
+    shifted = flat[1:].view(shape)          # one element past a 16-byte boundary
+    assert shifted.data_ptr() % 16 != 0
+    close(op.rmsnorm_fwd(shifted, w)[0], formula(shifted.double(), w.double())[0])
