@@ -35,6 +35,12 @@ WIDE_BWD=32768x16384,32768x32768,32768x65536,16384x131072,8192x262144
 WIDE_FWD=32768x32768,32768x65536,16384x131072,8192x262144
 case "$kf_stage" in
 a)
+  # The earlier session's runs (committed as evidence) back under runs/, for warm starts and the export.
+  for d in runs/evidence/h200-2026-11-30b/runs/h200-*; do
+    mkdir -p "runs/${d##*/}" && cp "$d/lessons.md" "runs/${d##*/}/" && gunzip -c "$d/journal.jsonl.gz" \
+      > "runs/${d##*/}/journal.jsonl"
+  done
+  mkdir -p runs/heldout && cp .gpu/heldout/rmsnorm_fwd.json runs/heldout/
   (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
     > /tmp/int21_build.log 2>&1 &)
   timeout 210 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py \
