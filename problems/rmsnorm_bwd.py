@@ -329,9 +329,10 @@ def _compiled_backward(x, w, dy, rstd):
 def _quack(name: str, x, w, dy, rstd) -> Callable[[], Mapping[str, Any]]:
     """QuACK's heuristic entry point, or its autotuned one (tuned on the first call, made here so that a shape the
     tuner cannot serve is a MissingBaseline rather than a failure inside a timing loop)."""
+    import importlib
     torch = _torch()
-    try:
-        import quack.rmsnorm as qr
+    try:   # by module name: `import quack.rmsnorm as qr` binds the package's rmsnorm function, not the module
+        qr = importlib.import_module("quack.rmsnorm")
     except ImportError as exc:
         raise MissingBaseline(f"quack is not installed ({exc})") from exc
     if name == "quack":
