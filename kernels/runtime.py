@@ -172,7 +172,11 @@ class Kernels:
             if len(self._prepared) > 1024:
                 self._prepared.clear()
             self._prepared[key] = prepared
-        prepared.launch(torch_stream(index), tensors)
+        if index == torch.cuda.current_device():
+            prepared.launch(torch_stream(index), tensors)
+        else:
+            with torch.cuda.device(index):
+                prepared.launch(torch_stream(index), tensors)
         return prepared.genome
 
 

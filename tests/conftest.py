@@ -5,8 +5,10 @@ are reported as skipped with the reason.
 """
 from __future__ import annotations
 
+import gc
 import math
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,15 @@ def replay_config(tmp_path, synthetic_recording):
             "evaluator": {"kind": "replay", "replay": {"recording": str(synthetic_recording)}},
             "tracking": {"store": str(tmp_path / "runs" / "mlflow.db"),
                          "artifacts": str(tmp_path / "runs" / "artifacts")}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_gpu_memory():
+    """GPU test modules share one process: after each module, return what its tensors held to the device (torch's
+    caching allocator keeps freed blocks), so that a later module's evaluator worker, another process, finds the
+    memory free. Set up before a module's other fixtures, so torn down after them."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()

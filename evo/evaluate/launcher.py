@@ -90,11 +90,27 @@ def torch_stream(index: int | None = None) -> Any:
     if index is None:
         index = torch.cuda.current_device()
     handle = torch.cuda.current_stream(index).cuda_stream
+    make_current(index)
     stream = _STREAMS.get((index, handle))
     if stream is None:
-        from cuda.core import Device, Stream
-        Device(index).set_current()
+        from cuda.core import Stream
         if len(_STREAMS) > 256:
             _STREAMS.clear()
         stream = _STREAMS[(index, handle)] = Stream.from_handle(handle)
     return stream
+
+
+_PRIMARY: dict[int, int] = {}   # device index -> its primary context's handle
+
+
+def make_current(index: int) -> None:
+    """Bind device `index`'s primary context to the calling thread unless it is bound already. cuda.core launches
+    through the driver API, which needs a context on the thread; a thread torch started (autograd runs backward
+    on its own) may have none yet when nothing there has touched the CUDA runtime."""
+    from cuda.bindings import driver
+    _, ctx = driver.cuCtxGetCurrent()
+    if index in _PRIMARY and int(ctx) == _PRIMARY[index]:
+        return
+    from cuda.core import Device
+    Device(index).set_current()
+    _PRIMARY[index] = int(driver.cuCtxGetCurrent()[1])
