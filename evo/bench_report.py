@@ -42,8 +42,14 @@ def repeat_spread(row: Mapping[str, Any]) -> float | None:
     return max(abs(r - s["us"]) / s["us"] * 100 for r in s["repeat_us"])
 
 
+def peer_set(result: Mapping[str, Any]) -> list[str]:
+    """The baselines that define the best peer: the problem's published peers that were benched (bench.py records
+    them), else every baseline."""
+    return list(result.get("peers") or result["baselines"])
+
+
 def worst_first(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    peers = result["baselines"]
+    peers = peer_set(result)
 
     def key(row):
         best = best_peer(row, peers)
@@ -54,11 +60,11 @@ def worst_first(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def geomeans(result: Mapping[str, Any]) -> list[tuple[str, float | None]]:
     """(label, geomean of baseline / ours over the rows where both were timed): the best peer first."""
-    peers = result["baselines"]
+    peers = peer_set(result)
     rows = [r for r in result["rows"] if "us" in r["providers"].get(SUBJECT, {})]
     out = [("vs best peer", geomean([best_peer(r, peers)[1] / r["providers"][SUBJECT]["us"] for r in rows
                                      if best_peer(r, peers)]))]
-    return out + [(f"vs {p}", geomean([v for v in (ratio(r, p) for r in rows) if v])) for p in peers]
+    return out + [(f"vs {p}", geomean([v for v in (ratio(r, p) for r in rows) if v])) for p in result["baselines"]]
 
 
 def fmt(v: float | None, spec: str = ".3f", suffix: str = "") -> str:
@@ -66,7 +72,7 @@ def fmt(v: float | None, spec: str = ".3f", suffix: str = "") -> str:
 
 
 def markdown(result: Mapping[str, Any]) -> str:
-    peers = result["baselines"]
+    peers, best_of = result["baselines"], peer_set(result)
     fp = result["fingerprint"]
     lines = [f"# Bench: {result['subject']} ({result['problem']})", "",
              "Environment: " + "; ".join(f"{k} {fp[k]}" for k in FINGERPRINT_KEYS if k in fp), "",
@@ -74,12 +80,12 @@ def markdown(result: Mapping[str, Any]) -> str:
              f"{result['reps']} samples each, median (IQR in the JSON); launches under {result['graph_below_us']:g} "
              f"µs timed as CUDA-graph replays where capturable (marked g). Measured copy bandwidth "
              f"{result['copy_gbps']:.0f} GB/s. Ratio = baseline µs / ours (above 1: ours is faster). Worst rows "
-             f"first (by ratio to the best peer).", ""]
+             f"first (by ratio to the best peer). Best peer: the fastest of {', '.join(best_of)} in each row.", ""]
     head = ["case", "ours µs", "GB/s", "% copy", "best peer", "vs best"] + [f"vs {p}" for p in peers]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in worst_first(result):
         mine = row["providers"].get(SUBJECT, {})
-        best = best_peer(row, peers)
+        best = best_peer(row, best_of)
         cells = [row["case"], fmt(mine.get("us"), ".1f") + (" g" if mine.get("graph") else ""),
                  fmt(mine.get("gbps"), ".0f"), fmt(mine.get("pct_copy"), ".0f", "%"),
                  f"{best[0]} {best[1]:.1f}" if best else "-",

@@ -146,6 +146,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ConfigError(f"--from {args.from_json!r}: cannot read a bench result ({exc})") from None
         print(f"(re-rendered from {args.from_json}: measured on {result['fingerprint'].get('gpu', '?')} "
               f"{result['fingerprint'].get('date', '')[:10]}; nothing was timed now)")
+        if "peers" not in result:   # recorded before results named them: the problem's published peers
+            try:
+                result["peers"] = bench.published_peers(registry.load("problem", result["problem"]),
+                                                        result["baselines"])
+            except (ConfigError, registry.PluginError):
+                pass   # a problem not installed here: every baseline counts
     else:
         if args.reps < 1 or args.repeat < 1:
             raise ConfigError("--reps and --repeat must be >= 1")

@@ -52,6 +52,8 @@ class Problem(Protocol):
     dtypes: tuple[str, ...]                              # torch dtype names, e.g. "bfloat16"
     shape_sets: Mapping[str, tuple[tuple[int, ...], ...]]  # keys: SHAPE_SETS
     baselines: tuple[str, ...]                           # names accepted by baseline(); the first is the default
+    # Optional: `peers`, the baselines that are published kernels (the bench's "best peer" is the fastest of them);
+    # `row_outputs`, `special_inputs`, `reference_rows`, `expected_sass` (see the RMSNorm problems).
 
     def template(self) -> str:
         """CUDA C++ source that compiles as-is: each gene is a #define with a default."""

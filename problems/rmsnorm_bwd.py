@@ -185,6 +185,7 @@ class RmsNormBackward:
     dtypes = ("bfloat16", "float16", "float32")
     shape_sets = {"benchmark": BENCHMARK, "correctness": CORRECTNESS, "heldout": HELDOUT}
     baselines = ("torch_eager", "torch_compile", "quack", "quack_tuned", "liger", "int21", "factory_op")
+    peers = ("quack", "quack_tuned", "int21")   # the published kernels the targets are set against (best peer)
     row_outputs = ("dx",)   # outputs split by rows; dw sums over every row (see reference_rows)
 
     def template(self) -> str:

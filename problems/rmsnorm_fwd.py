@@ -167,6 +167,7 @@ class RmsNormForward:
     # int21 is INT21's RMSNorm-H100 (import name `rmsnorm`, JIT-built on first use) when it is importable;
     # factory_op is this project's exported library op (kernels/rmsnorm.py), for `kernel-factory bench --op`.
     baselines = ("torch_eager", "torch_compile", "quack", "quack_tuned", "liger", "int21", "factory_op")
+    peers = ("quack", "quack_tuned", "int21")   # the published kernels the targets are set against (best peer)
 
     def template(self) -> str:
         return templates.read("rmsnorm_fwd.cu")

@@ -60,3 +60,20 @@ def test_bench_without_gpu_is_one_clear_line(capsys):
     assert cli.main(["bench", "--genes", "{}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--from" in err
+
+
+def test_best_peer_is_the_fastest_published_peer(tmp_path, capsys):
+    """With peers recorded, torch eager (faster than QuACK in the 8192 row) no longer defines the best peer; a
+    recording without them takes the problem's published peers on re-render."""
+    r = result()
+    r["rows"][2]["providers"]["quack"] = {"us": 105.0, "gbps": 1.0, "pct_copy": 45.0, "graph": False}
+    assert bench_report.best_peer(r["rows"][2], bench_report.peer_set(r)) == ("torch_eager", 100.0)
+    r["peers"] = ["quack"]
+    assert bench_report.best_peer(r["rows"][2], bench_report.peer_set(r)) == ("quack", 105.0)
+    assert dict(bench_report.geomeans(r))["vs best peer"] == dict(bench_report.geomeans(r))["vs quack"]
+    assert "Best peer: the fastest of quack in each row" in bench_report.markdown(r)
+    del r["peers"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(r))
+    assert cli.main(["bench", "--from", str(path)]) == 0
+    assert "Best peer: the fastest of quack in each row" in capsys.readouterr().out   # rmsnorm_fwd's peers
