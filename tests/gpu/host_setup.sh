@@ -3,7 +3,7 @@
 # It installs the carried wheelhouse (.whl: deap, mlflow; see README "GPU host"), then this project and the
 # plugin packages under tests/plugins/ into /tmp/kf, without build isolation and without an index.
 source .whl/install-wheels.sh .whl "$@"
-kf_pip() { python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/kf "$1" 2>&1 \
+kf_pip() { python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/kf "$1" 2>&1 \
   | grep -v "^WARNING: Target" || true; }
 kf_pip .
 for plugin in tests/plugins/*/pyproject.toml; do kf_pip "$(dirname "$plugin")"; done

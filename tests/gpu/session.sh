@@ -1,16 +1,20 @@
-# The H200 evidence of issues 3 and 6: four calls on one warm GPU host. Source it from the repository root after
-# tests/gpu/host_setup.sh; $OUT is where results go. QuACK's wheels take three transfers (see README "GPU host"), so
-# QuACK is importable from stage c on. Stages:
+# The H200 evidence of issues 3 and 6 (runs/evidence/h200-2026-11-30c): five calls on one warm GPU host. Source it
+# from the repository root after tests/gpu/host_setup.sh; $OUT is where results go. Stages:
 #   a: INT21's JIT build starts in the background; GPU tests of the op, the backward and the wide forward
 #      templates; the op's host cost per call; a backward bf16 search of the five widest rows only
 #   b: a forward bf16 search of the four widest rows; then the dispatch tables are exported from every run (the
 #      per-shape runs of the earlier session included)
-#   c (after `cp -r runs/ops/. kernels/ops/` and host_setup.sh again, so that the op carries the new tables): the
-#      bench reports of forward bf16 (every baseline, QuACK autotuned per shape), backward bf16/fp16, held-out
-#   d (same preparation): forward fp16/fp32, and QuACK's autotuned backward (over a minute of tuning per shape)
-# Optional peers are found by import name only (quack, liger_kernel, rmsnorm for INT21's RMSNorm-H100, which is
-# built from its public repository beside the project in .int21/; none of its code is part of the project).
-kf_stage="${1:?stage a, b, c or d}"
+#   c: the bench reports of forward bf16 (every baseline, QuACK autotuned per shape), backward bf16/fp16 against
+#      torch and Liger, and the held-out widths
+#   d: forward fp16/fp32 against every baseline but QuACK autotuned
+#   e: backward bf16/fp16 against QuACK and INT21
+# Stages c to e first copy runs/ops/* into kernels/ops/ and run host_setup.sh again, so that the op carries the new
+# tables. Optional peers are found by import name only (quack, liger_kernel, rmsnorm for INT21's RMSNorm-H100, built
+# from its public repository beside the project in the ignored .int21/, carried in every call that benches it; none
+# of its code is part of the project). QuACK's 92 MB cutlass wheel does not fit one call beside the working tree:
+# here it is cut in halves (`split -n 2`) into two ignored folders, carried in calls b and c, stashed in /tmp by b
+# and joined by c into a folder that host_setup.sh is given (see README "On a GPU").
+kf_stage="${1:?stage a, b, c, d or e}"
 kf_ev="/tmp/kf-ev/$kf_stage"   # everything lands here, and goes back to $OUT as archives (few files)
 mkdir -p "$kf_ev" runs
 export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
@@ -77,7 +81,10 @@ d)
   export QUACK_FORCE_CACHE_UPDATE=1
   kf_bench 130 fwd-fp16-fp32 --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes float16,float32 \
     --reps 20 --baselines torch_eager,torch_compile,quack,liger,int21
-  kf_bench 230 bwd-bf16-tuned --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16 \
-    --shapes 32768x1024,32768x4096 --reps 20 --baselines quack_tuned,quack,int21
+  ;;
+e)
+  export QUACK_FORCE_CACHE_UPDATE=1
+  kf_bench 130 bwd-peers --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 \
+    --reps 20 --baselines quack,int21
   ;;
 esac
