@@ -188,8 +188,9 @@ def run(problem_name: str, subject_spec: Mapping[str, str], shapes: str, dtypes:
     fp = measure.fingerprint({"clocks_before": before, "clocks_after": measure.clocks(),
                               "copy_gbps": f"{copy:.0f}"})
     return {"format": "kernel-factory-bench/1", "problem": problem.name, "subject": subject.label,
-            "baselines": wanted, "peers": published_peers(problem, wanted), "reps": reps, "repeat": repeat, "graph_below_us": graph_below_us,
-            "copy_gbps": copy, "wall_s": time.perf_counter() - started, "fingerprint": fp, "rows": rows}
+            "baselines": wanted, "peers": published_peers(problem, wanted), "reps": reps, "repeat": repeat,
+            "graph_below_us": graph_below_us, "copy_gbps": copy, "wall_s": time.perf_counter() - started,
+            "fingerprint": fp, "rows": rows}
 
 
 def published_peers(problem: Problem, baselines: Sequence[str]) -> list[str]:
