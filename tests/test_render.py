@@ -43,3 +43,21 @@ def test_render_has_header_defines_and_template(rmsnorm):
 
 def test_template_regions_exist(rmsnorm):
     assert {"load_store", "reduce", "first_pass", "second_pass"} <= set(render.regions(rmsnorm.template()))
+
+
+def test_templates_inline_their_local_headers(tmp_path, monkeypatch):
+    from kernel_factory.kernels import templates
+    for name in ("rmsnorm_fwd.cu", "rmsnorm_bwd.cu"):
+        text = templates.read(name)
+        assert '#include "' not in text and "KF-EDIT-BEGIN load_store" in text and "#include <cuda_bf16.h>" in text
+    monkeypatch.setattr(templates, "HERE", tmp_path)
+    (tmp_path / "k.cu").write_text('// k\n#include "a.cuh"\nint k;\n')
+    (tmp_path / "a.cuh").write_text('int a;\n#include "b.cuh"\n')
+    (tmp_path / "b.cuh").write_text("int b;\n")
+    assert templates.read("k.cu") == "// k\nint a;\nint b;\nint k;\n"
+    (tmp_path / "b.cuh").write_text('#include "a.cuh"\n')
+    with pytest.raises(templates.TemplateError, match=r"include each other: k.cu -> a.cuh -> b.cuh -> a.cuh"):
+        templates.read("k.cu")
+    (tmp_path / "a.cuh").write_text('#include "gone.cuh"\n')
+    with pytest.raises(templates.TemplateError, match=r"template 'a.cuh' needs 'gone.cuh', which is not in"):
+        templates.read("k.cu")

@@ -1,0 +1,234 @@
+// Device helpers of the backward template (rmsnorm_bwd.cu), which includes this file after its genes: packed
+// vector loads and stores with the PTX the genes choose, fp32 runs of w and dw, packing, the cluster exchange of
+// row sums through DSMEM and the row reduction. The factory inlines it when it reads the template
+// (kernels/templates.py), so candidates compile without an include path and every line counts in their hash.
+// Raw bits of V elements: a whole vector, or one element in the low bits of a word.
+template <int V> struct Pack { unsigned int w[V == 1 ? 1 : WORDS]; };
+
+// ---- KF-EDIT-BEGIN load_store ----------------------------------------------------------------------------------
+#if LOAD == LOAD_PLAIN
+#define LD_OP "ld.global"
+#elif LOAD == LOAD_NC_NA
+#define LD_OP "ld.global.nc.L1::no_allocate"
+#else
+#define LD_OP "ld.global.nc"
+#endif
+#if STORE == STORE_CS
+#define ST_OP "st.global.cs"
+#else
+#define ST_OP "st.global"
+#endif
+
+template <int V> __device__ __forceinline__ Pack<V> load_pack(const elem_t* p) {
+  Pack<V> v;
+  if constexpr (V > 1) {
+#if VEC_BYTES == 16
+    asm(LD_OP ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
+#else
+    asm(LD_OP ".v2.u32 {%0, %1}, [%2];" : "=r"(v.w[0]), "=r"(v.w[1]) : "l"(p));
+#endif
+  } else if constexpr (sizeof(elem_t) == 2) {
+    unsigned short h;
+    asm(LD_OP ".u16 %0, [%1];" : "=h"(h) : "l"(p));
+    v.w[0] = h;
+  } else {
+    asm(LD_OP ".u32 %0, [%1];" : "=r"(v.w[0]) : "l"(p));
+  }
+  return v;
+}
+
+template <int V> __device__ __forceinline__ void store_pack(elem_t* p, const Pack<V>& v) {
+  if constexpr (V > 1) {
+#if VEC_BYTES == 16
+    asm volatile(ST_OP ".v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
+#else
+    asm volatile(ST_OP ".v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(v.w[0]), "r"(v.w[1]) : "memory");
+#endif
+  } else if constexpr (sizeof(elem_t) == 2) {
+    asm volatile(ST_OP ".u16 [%0], %1;" :: "l"(p), "h"((unsigned short)v.w[0]) : "memory");
+  } else {
+    asm volatile(ST_OP ".u32 [%0], %1;" :: "l"(p), "r"(v.w[0]) : "memory");
+  }
+}
+
+// fp32 runs of V values (w, dw partials) in 16-, 8- or 4-byte pieces. Partials are added with red.global.add by
+// their one owner thread, so the additions happen in program order.
+template <int V> constexpr int PIECE = V % 4 == 0 ? 4 : V % 2 == 0 ? 2 : 1;
+
+template <int V> __device__ __forceinline__ void load_f32(const float* p, float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i += PIECE<V>) {
+    if constexpr (V % 4 == 0) {
+      const float4 t = __ldg(reinterpret_cast<const float4*>(p + i));
+      f[i] = t.x; f[i + 1] = t.y; f[i + 2] = t.z; f[i + 3] = t.w;
+    } else if constexpr (V % 2 == 0) {
+      const float2 t = __ldg(reinterpret_cast<const float2*>(p + i));
+      f[i] = t.x; f[i + 1] = t.y;
+    } else {
+      f[i] = __ldg(p + i);
+    }
+  }
+}
+
+template <int V> __device__ __forceinline__ void store_f32(float* p, const float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i += PIECE<V>) {
+    if constexpr (V % 4 == 0) *reinterpret_cast<float4*>(p + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+    else if constexpr (V % 2 == 0) *reinterpret_cast<float2*>(p + i) = make_float2(f[i], f[i + 1]);
+    else p[i] = f[i];
+  }
+}
+
+template <int V> __device__ __forceinline__ void red_f32(float* p, const float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i += PIECE<V>) {
+    if constexpr (V % 4 == 0)
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                   :: "l"(p + i), "f"(f[i]), "f"(f[i + 1]), "f"(f[i + 2]), "f"(f[i + 3]) : "memory");
+    else if constexpr (V % 2 == 0)
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(p + i), "f"(f[i]), "f"(f[i + 1]) : "memory");
+    else
+      asm volatile("red.global.add.f32 [%0], %1;" :: "l"(p + i), "f"(f[i]) : "memory");
+  }
+}
+// ---- KF-EDIT-END load_store ------------------------------------------------------------------------------------
+
+#if DTYPE == DTYPE_BFLOAT16
+__device__ __forceinline__ float2 word_to_float2(unsigned int w) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+__device__ __forceinline__ unsigned int float2_to_word(float a, float b) {
+  const __nv_bfloat162 t = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const unsigned int*>(&t);
+}
+#elif DTYPE == DTYPE_FLOAT16
+__device__ __forceinline__ float2 word_to_float2(unsigned int w) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+__device__ __forceinline__ unsigned int float2_to_word(float a, float b) {
+  const __half2 t = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const unsigned int*>(&t);
+}
+#endif
+
+// Raw bits <-> fp32: element by element for fp32 and the one-element path, two at a time for 16-bit vectors.
+template <int V> __device__ __forceinline__ void unpack(const Pack<V>& v, float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i += (V > 1 && sizeof(elem_t) == 2) ? 2 : 1) {
+    if constexpr (V > 1 && sizeof(elem_t) == 2) {
+      const float2 t = word_to_float2(v.w[i / 2]);
+      f[i] = t.x; f[i + 1] = t.y;
+    } else {
+      f[i] = (float)reinterpret_cast<const elem_t*>(v.w)[i];
+    }
+  }
+}
+
+template <int V> __device__ __forceinline__ Pack<V> pack(const float (&f)[V]) {
+  Pack<V> v = {};
+#pragma unroll
+  for (int i = 0; i < V; i += (V > 1 && sizeof(elem_t) == 2) ? 2 : 1) {
+    if constexpr (V > 1 && sizeof(elem_t) == 2) v.w[i / 2] = float2_to_word(f[i], f[i + 1]);
+    else reinterpret_cast<elem_t*>(v.w)[i] = (elem_t)f[i];
+  }
+  return v;
+}
+
+// ---- cluster exchange (CLUSTER > 1) ----------------------------------------------------------------------------
+// A row's sum crosses the cluster through DSMEM: thread 0 of every CTA pushes its CTA's sum into slot [p][rank] of
+// each CTA with st.async, which completes on that CTA's mbarrier [p] (CLUSTER * 4 bytes a row); p alternates by
+// row. No thread waits for its own global stores, as a release barrier.cluster would make it do every row.
+struct Cluster { unsigned long long bar[2]; float slot[2][CLUSTER]; };
+
+__device__ __forceinline__ unsigned int smem_addr(const void* p) { return (unsigned int)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ unsigned int peer(const void* p, int rank) {   // p's twin in CTA `rank` of the cluster
+  unsigned int r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ int cluster_id(int which) {   // 0: rank in the cluster, 1: cluster index, 2: CTAs
+  unsigned int r;
+  if (which == 0) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  else if (which == 1) asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  else asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return (int)r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_start(Cluster& c) {
+  if (cluster_id(2) != CLUSTER) __trap();      // launched without its cluster: the exchange cannot work
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(&c.bar[p])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();                              // every CTA runs, its barriers set, before the first push
+}
+__device__ __forceinline__ float cluster_sum(float v, Cluster& c, int it) {
+  const int p = it & 1, rank = cluster_id(0);
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(smem_addr(&c.bar[p])), "n"(CLUSTER * 4) : "memory");
+#pragma unroll
+    for (int r = 0; r < CLUSTER; ++r)
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                   :: "r"(peer(&c.slot[p][rank], r)), "r"(__float_as_uint(v)), "r"(peer(&c.bar[p], r)) : "memory");
+  }
+  asm volatile("{\n\t.reg .pred done;\n\tWAIT_%=:\n\t"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t@!done bra WAIT_%=;\n\t}"
+               :: "r"(smem_addr(&c.bar[p])), "r"((it >> 1) & 1) : "memory");
+  v = 0.f;
+#pragma unroll
+  for (int r = 0; r < CLUSTER; ++r) v += c.slot[p][r];   // rank order: the same sum in every CTA
+  return v;
+}
+
+// ---- KF-EDIT-BEGIN reduce --------------------------------------------------------------------------------------
+__device__ __forceinline__ float shfl_bfly(float v, int lane_mask) {
+  unsigned int r;
+  asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+               : "=r"(r) : "r"(__float_as_uint(v)), "r"(lane_mask));
+  return __uint_as_float(r);
+}
+
+#if REDUCE == REDUCE_SHFL
+constexpr int RED_SLOTS = THREADS / 32;
+#else
+constexpr int RED_SLOTS = THREADS;
+#endif
+
+// Sum of v over the TPRC threads of row group `grp`. Every thread of the CTA (and cluster) calls it once per row,
+// `it` counting rows; buffers alternate by row, so a thread already on the next row never overwrites values still
+// being read (the cluster's slots are safe too: a CTA reads them before the next row's CTA barrier).
+__device__ __forceinline__ float row_sum(float v, float* red, Cluster* cl, int grp, int lane, int it) {
+  red += (it & 1) * RED_SLOTS;
+#if REDUCE == REDUCE_SHFL
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += shfl_bfly(v, m);
+  if constexpr (TPR > 32) {
+    constexpr int WPR = TPR / 32;
+    if ((lane & 31) == 0) red[grp * WPR + (lane >> 5)] = v;
+    __syncthreads();
+    v = 0.f;
+#pragma unroll
+    for (int i = 0; i < WPR; ++i) v += red[grp * WPR + i];
+  }
+#else
+  red[grp * TPR + lane] = v;
+  __syncthreads();
+#pragma unroll
+  for (int s = TPR / 2; s > 0; s >>= 1) {
+    if (lane < s) red[grp * TPR + lane] += red[grp * TPR + lane + s];
+    __syncthreads();
+  }
+  v = red[grp * TPR];
+#endif
+#if CLUSTER > 1
+  v = cluster_sum(v, *cl, it);
+#endif
+  return v;
+}
+// ---- KF-EDIT-END reduce ----------------------------------------------------------------------------------------
