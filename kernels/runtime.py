@@ -73,7 +73,7 @@ class Kernels:
         self._table_read = False
         self._modules: dict[tuple[str, str, int], Any] = {}
         self._choices: dict[tuple[str, int], tuple[Genome, str]] = {}
-        self._prepared: dict[tuple, Prepared] = {}
+        self._prepared: dict[tuple, tuple[Genome, Any]] = {}   # plan key -> (genome, launcher.Prepared)
         self._lock = threading.Lock()
 
     def unavailable(self) -> str | None:
@@ -159,60 +159,34 @@ class Kernels:
         The plan is made once per (dtype, shape, device, pointer alignments, scalars): later calls only put their
         tensors' addresses into the cached launches (the problem's launch() sees nothing else of a tensor)."""
         import torch
-        from kernel_factory.evo.evaluate.launcher import torch_stream
+        from kernel_factory.evo.evaluate.launcher import Prepared, torch_stream
         tensors = {**inputs, **outputs}
+        addresses = {name: t.data_ptr() for name, t in tensors.items() if hasattr(t, "data_ptr")}
         device = next(t.device for t in tensors.values() if hasattr(t, "device"))
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (case.dtype, case.shape, index, alignments(tensors), tuple(scalars.items()) if scalars else ())
-        prepared = self._prepared.get(key)
-        if prepared is None:
+        current = torch.cuda.current_device()
+        index = device.index if device.index is not None else current
+        key = (case.dtype, case.shape, index, alignments(addresses), tuple(scalars.items()) if scalars else ())
+        found = self._prepared.get(key)
+        if found is None:
             genome, steps = self.plan(case, inputs, outputs, scalars)
             with torch.cuda.device(index):
-                prepared = Prepared(genome, self.module(genome, case.dtype, index), steps, tensors)
+                found = (genome, Prepared(self.module(genome, case.dtype, index), steps,
+                                          {id(t): name for name, t in tensors.items()}))
             if len(self._prepared) > 1024:
                 self._prepared.clear()
-            self._prepared[key] = prepared
-        if index == torch.cuda.current_device():
-            prepared.launch(torch_stream(index), tensors)
+            self._prepared[key] = found
+        genome, prepared = found
+        if index == current:
+            prepared.launch(torch_stream(index), addresses)
         else:
             with torch.cuda.device(index):
-                prepared.launch(torch_stream(index), tensors)
-        return prepared.genome
+                prepared.launch(torch_stream(index), addresses)
+        return genome
 
 
-def alignments(tensors: Mapping[str, Any]) -> tuple[int, ...]:
+def alignments(addresses: Mapping[str, int]) -> tuple[int, ...]:
     """Each tensor's address modulo 16: all a launch plan may derive from a pointer (its vector widths)."""
-    return tuple(t.data_ptr() % 16 for t in tensors.values() if hasattr(t, "data_ptr"))
-
-
-class Prepared:
-    """A plan made ready to launch again: per step its launch configuration, kernel and arguments, with each
-    tensor argument kept as the name of the tensor it came from (found by identity in `tensors`)."""
-
-    def __init__(self, genome: Genome, module: Any, steps: tuple[Launch, ...], tensors: Mapping[str, Any]):
-        from kernel_factory.evo.evaluate.launcher import config
-        self.genome = genome
-        by_id = {id(t): name for name, t in tensors.items()}
-        self.steps = []
-        for step in steps:
-            module.allow_shared(step.kernel, step.shared_bytes)
-            slots = tuple((i, by_id[id(a)]) for i, a in enumerate(step.args) if hasattr(a, "data_ptr"))
-            self.steps.append((config(step), module.kernel(step.kernel), list(step.args), slots))
-
-    def arguments(self, tensors: Mapping[str, Any]) -> list[list[Any]]:
-        """Each step's arguments for these tensors."""
-        out = []
-        for _, _, args, slots in self.steps:
-            args = list(args)
-            for i, name in slots:
-                args[i] = tensors[name].data_ptr()
-            out.append(args)
-        return out
-
-    def launch(self, stream: Any, tensors: Mapping[str, Any]) -> None:
-        from cuda.core import launch
-        for (cfg, kernel, _, _), args in zip(self.steps, self.arguments(tensors)):
-            launch(stream, cfg, kernel, *args)
+    return tuple(a % 16 for a in addresses.values())
 
 
 def problem_constant(problem: Problem, name: str, default: Any = None) -> Any:

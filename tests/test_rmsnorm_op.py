@@ -244,14 +244,19 @@ class _Module:
 
 
 def test_prepared_launch_puts_each_calls_addresses_into_the_cached_plan():
-    from kernel_factory.kernels.runtime import Prepared, alignments
+    from kernel_factory.evo.evaluate.launcher import Prepared
+    from kernel_factory.kernels.runtime import alignments
     from kernel_factory.problems.rmsnorm_bwd import problem as bwd
+
+    def addresses(tensors):
+        return {name: t.data_ptr() for name, t in tensors.items()}
     case = Case((300, 4096), "bfloat16")
     inputs, outputs = bwd.make_inputs(case, 1, "cpu"), bwd.make_outputs(case, "cpu")
+    first = {**inputs, **outputs}
     genome = Genome.of(bwd.space.defaults())
     steps = launch_steps(bwd.launch(genome.gene_dict, case, inputs, outputs))
     module = _Module()
-    prepared = Prepared(genome, module, steps, {**inputs, **outputs})
+    prepared = Prepared(module, steps, {id(t): name for name, t in first.items()})
     assert [k for _, k, _, _ in prepared.steps] == ["kernel:rmsnorm_bwd", "kernel:rmsnorm_bwd_dw"]
     assert module.shared == [("rmsnorm_bwd", steps[0].shared_bytes), ("rmsnorm_bwd_dw", 0)]
     # Another call's tensors (same shape, new storage): their addresses, in the problem's argument order.
@@ -259,10 +264,11 @@ def test_prepared_launch_puts_each_calls_addresses_into_the_cached_plan():
     tensors = {**again_in, **again_out}
     fresh = launch_steps(bwd.launch(genome.gene_dict, case, again_in, again_out))
     want = [[a.data_ptr() if hasattr(a, "data_ptr") else a for a in s.args] for s in fresh]
-    assert prepared.arguments(tensors) == want
-    assert prepared.arguments(tensors)[0][0] != prepared.arguments({**inputs, **outputs})[0][0]
-    assert alignments(tensors) == alignments({**inputs, **outputs})
-    assert alignments({**tensors, "x": again_in["x"].view(-1)[1:]}) != alignments(tensors)
+    assert prepared.arguments(addresses(tensors)) == want
+    assert prepared.arguments(addresses(tensors))[0][0] != prepared.arguments(addresses(first))[0][0]
+    assert prepared.arguments() == prepared.arguments(addresses(first))   # as prepared: the first call's tensors
+    assert alignments(addresses(tensors)) == alignments(addresses(first))
+    assert alignments(addresses({**tensors, "x": again_in["x"].view(-1)[1:]})) != alignments(addresses(tensors))
 
 
 @pytest.fixture

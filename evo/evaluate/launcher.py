@@ -3,7 +3,7 @@ stream, with thread-block clusters and dynamic shared memory above the 48 KB def
 the bench command and the exported library ops. Needs a GPU; imported lazily."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from kernel_factory.evo.protocols import Launch, launch_steps
 
@@ -64,19 +64,44 @@ def config(step: Launch) -> Any:
     return _CONFIGS[key]
 
 
+class Prepared:
+    """A plan made ready to launch: per step its launch configuration, kernel and arguments (tensors as their
+    addresses). With `names` (tensor id -> name), each tensor argument also keeps the name it came under, so that a
+    later call can launch the same plan on other tensors of those names (what library ops do on every call)."""
+
+    def __init__(self, module: Module, plan: Launch | Sequence[Launch], names: Mapping[int, str] | None = None):
+        from cuda.core import launch
+        self._launch = launch
+        self.steps = []
+        for step in launch_steps(plan):
+            module.allow_shared(step.kernel, step.shared_bytes)
+            tensors = [i for i, a in enumerate(step.args) if hasattr(a, "data_ptr")]
+            args = [a.data_ptr() if i in tensors else a for i, a in enumerate(step.args)]
+            slots = tuple((i, names[id(step.args[i])]) for i in tensors) if names is not None else ()
+            self.steps.append((config(step), module.kernel(step.kernel), args, slots))
+
+    def arguments(self, addresses: Mapping[str, int] | None = None) -> list[list[Any]]:
+        """Each step's arguments: as prepared, or with the named tensors at these addresses."""
+        if addresses is None:
+            return [args for _, _, args, _ in self.steps]
+        out = []
+        for _, _, args, slots in self.steps:
+            args = list(args)
+            for i, name in slots:
+                args[i] = addresses[name]
+            out.append(args)
+        return out
+
+    def launch(self, stream: Any, addresses: Mapping[str, int] | None = None) -> None:
+        """Enqueue every step on `stream` (a cuda.core Stream)."""
+        for (cfg, kernel, _, _), args in zip(self.steps, self.arguments(addresses)):
+            self._launch(stream, cfg, kernel, *args)
+
+
 def launcher(stream: Any, module: Module, plan: Launch | Sequence[Launch]) -> Callable[[], None]:
     """A zero-argument callable that enqueues every step of the plan on `stream` (a cuda.core Stream)."""
-    from cuda.core import launch
-    calls = []
-    for step in launch_steps(plan):
-        module.allow_shared(step.kernel, step.shared_bytes)
-        args = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a for a in step.args)
-        calls.append((config(step), module.kernel(step.kernel), args))
-
-    def run() -> None:
-        for cfg, kernel, args in calls:
-            launch(stream, cfg, kernel, *args)
-    return run
+    prepared = Prepared(module, plan)
+    return lambda: prepared.launch(stream)
 
 
 _STREAMS: dict[tuple[int, int], Any] = {}
