@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from kernel_factory.evo import registry
 from kernel_factory.evo.config import ConfigError, RunConfig
 from kernel_factory.evo.protocols import SHAPE_SETS, Evaluator, Observer, Problem
-from kernel_factory.evo.types import Case
+from kernel_factory.evo.types import Case, GeneSpace
 from kernel_factory.evo.variation import WeightedOperator
 
 
@@ -75,6 +75,7 @@ def prepare(cfg: RunConfig) -> Run:
             raise ConfigError(f"config key 'dtypes': {dt!r} is not supported by {problem.name}; "
                               f"choose from {', '.join(problem.dtypes)}")
     cases = tuple(Case(s, dt) for dt in dtypes for s in shapes_of(problem, cfg.shapes, "config key 'shapes'"))
+    restrict_space(problem.space, cfg.search.space)   # fails here, before anything runs, if it names bad genes
     baseline = cfg.evaluator.baseline or problem.baselines[0]
     if baseline not in problem.baselines:
         raise ConfigError(f"config key 'evaluator.baseline': {baseline!r} is not a baseline of {problem.name}; "
@@ -94,6 +95,25 @@ def prepare(cfg: RunConfig) -> Run:
         print(f"operators disabled: {'; '.join(disabled)}; the run goes on with "
               f"{', '.join(w.operator.name for w in operators)}", file=sys.stderr)
     return Run(cfg, problem, cases, operators, baseline)
+
+
+def restrict_space(space: GeneSpace, choices: Mapping[str, tuple]) -> GeneSpace:
+    """The space a run searches: the problem's (or a recording's), limited to the config's `search.space`."""
+    if not choices:
+        return space
+    for name, values in choices.items():
+        where = f"config key 'search.space.{name}'"
+        if name not in space.names:
+            raise ConfigError(f"{where}: no such gene; the genes are {', '.join(space.names)}")
+        bad = [v for v in values if v not in space[name].choices]
+        if not values or bad:
+            raise ConfigError(f"{where}: {bad or 'an empty list'} not among the choices "
+                              f"{', '.join(map(repr, space[name].choices))}")
+    narrow = space.restricted(choices)
+    if next(narrow.enumerate(), None) is None:
+        raise ConfigError(f"config key 'search.space': no genome with these choices passes the problem's rule "
+                          f"({dict(choices)})")
+    return narrow
 
 
 def evaluator_kind(cfg: RunConfig) -> tuple[str, str | None]:

@@ -52,6 +52,9 @@ class SearchConfig:
     per_case_elites: bool = False         # also keep the fastest candidate of every benchmark case (per-shape search)
     finalists: int = 3                    # hall-of-fame members re-timed at the end, interleaved with the baseline
     seeds_from: str | None = None         # a dispatch table (kernel-factory export): its genomes join generation 0
+    # Gene choices this run may take, a subset of the problem's per gene (e.g. {stages: [2, 3, 4]}): a run that
+    # explores one template variant in depth. Genes not named keep all their choices.
+    space: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     init_random: float = 1.0              # share of the first population drawn at random (rest: template defaults)
     policy: str = "bandit"                # operator choice: "static" (config weights) or "bandit" (UCB1 on credit)
     lessons: bool = True                  # forbid or down-weight gene values that history shows fail or never help

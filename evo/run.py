@@ -83,7 +83,9 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
         (folder / PRIOR_FILE).write_text("".join(json.dumps(r.to_json()) + "\n" for r in prior))
     history = History(prior)
     seeds = [r.genome for r in history.best(cfg.search.warm_start.count)] if cfg.search.warm_start.enabled else []
-    seeds += table_seeds(cfg.search.seeds_from, run.problem, getattr(evaluator, "space", run.problem.space))
+    # A replay searches what its recording covers; the config may narrow either.
+    space = build.restrict_space(getattr(evaluator, "space", run.problem.space), cfg.search.space)
+    seeds += table_seeds(cfg.search.seeds_from, run.problem, space)
     observers = build.make_observers(run)
     resolved = replace(cfg, dtypes=tuple(sorted({c.dtype for c in run.cases})),
                        evaluator=replace(cfg.evaluator, kind=kind, baseline=run.baseline))
@@ -91,7 +93,6 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     info = RunInfo(run_id, run.problem.name, cfg.seed, resolved.to_json(),
                    replace(evaluator.info, fingerprint=fingerprint), run.cases, cfg.out_dir, key,
                    tuple(g.id for g in seeds), len(prior), resume)
-    space = getattr(evaluator, "space", run.problem.space)   # a replay searches what its recording covers
     proposer = Proposer(space, run.operators, cfg.search, run.problem, fingerprint)
     summary = None
     try:
@@ -120,8 +121,14 @@ def table_seeds(path: str | None, problem, space) -> list:
     if table.get("problem") != problem.name:
         raise ConfigError(f"config key 'search.seeds_from': {path!r} is a table for {table.get('problem')!r}, "
                           f"not {problem.name!r}")
-    genomes = [dispatch.genome(table, gid) for gid in sorted(table.get("genomes", {}))]
-    return [g for g in genomes if space.why_infeasible(g.gene_dict) is None]
+    from kernel_factory.evo.export import adapt
+    seeds = []
+    for gid in sorted(table.get("genomes", {})):
+        g = dispatch.genome(table, gid)   # a table from before a gene was added: that gene at its default
+        adapted = adapt(g.gene_dict, g.patch_dict, problem)[0]
+        if adapted is not None and space.why_infeasible(adapted.gene_dict) is None:
+            seeds.append(adapted)
+    return seeds
 
 
 def resume(run_id: str, out_dir: str = "runs") -> RunSummary:

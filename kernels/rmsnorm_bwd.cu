@@ -13,7 +13,11 @@
 // Layout: TPRC = CLUSTER * THREADS / ROWS_PER_CTA threads share a row; thread gl = rank * TPR + lane owns vectors
 // v = gl + k * TPRC (k = 0 .. K-1) of every row, so its dw columns never change. Its vectors k < REG_VECS keep x
 // and dy in registers between the two passes (the next row's too, with PREFETCH) and w for the whole kernel; later
-// vectors are read twice (the second time mostly from L2). dw partials of vector k stay in registers (DW_ACC=regs,
+// vectors are read twice (the second time mostly from L2). With STAGES > 0 (vector path), the register vectors of
+// the next STAGES - 1 rows are in flight at once: cp.async copies them into a ring of STAGES row slots in dynamic
+// shared memory, private to each thread (slot [stage][k][x | dy][thread]), so that only cp.async.wait_group orders
+// them and no barrier is needed; both passes read them there (x and dy take no registers across the row sum), and
+// PREFETCH is off. dw partials of vector k stay in registers (DW_ACC=regs,
 // k < REG_VECS) or go where the plan's flags say: dynamic shared memory (a region per row group, combined at the
 // end) or a partial row in global memory. The flags also pick the vector path (N % VEC == 0, aligned pointers) or
 // one element at a time, so that any (M, N) is correct.
@@ -75,6 +79,9 @@
 #ifndef PREFETCH
 #define PREFETCH 1
 #endif
+#ifndef STAGES
+#define STAGES 0
+#endif
 
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;
@@ -92,6 +99,10 @@ constexpr int KV = REG_VECS;                                  // vectors per thr
 static_assert(THREADS % ROWS_PER_CTA == 0 && TPR % 32 == 0, "a row needs whole warps");
 static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
 static_assert(CLUSTER == 1 || (ROWS_PER_CTA == 1 && TPR > 32), "a cluster shares one row of several warps a CTA");
+static_assert(CLUSTER <= 16, "clusters of up to 16 CTAs (above 8: non-portable, allowed by the launcher)");
+static_assert(STAGES == 0 || (STAGES >= 2 && !PREFETCH), "a ring of 2 or more row slots, which replaces PREFETCH");
+// Bytes of the cp.async ring at the start of dynamic shared memory (dw partials, where in shared memory, follow).
+constexpr int RING_BYTES = STAGES * KV * 2 * THREADS * VEC_BYTES;
 
 #include "rmsnorm_bwd_device.cuh"
 
@@ -194,7 +205,40 @@ template <int V> __device__ __forceinline__ void load_regs(const Args& a, int ro
   }
 }
 
-template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* red, Cluster* cl, float* dsm_all) {
+// The ring: row slot s holds, per register vector k, this thread's x and dy vectors ([s][k][x | dy][thread]).
+template <int V> __device__ __forceinline__ Pack<V>* ring_at(Pack<V>* ring, int s, int k, int t) {
+  return ring + ((s * KV + k) * 2 + t) * THREADS + threadIdx.x;
+}
+
+// Starts copying a row's register vectors into slot s (nothing past the last row), as one commit group.
+template <int V> __device__ __forceinline__ void stage_row(const Args& a, Pack<V>* ring, int row, int s, int gl,
+                                                           int nv) {
+  if (row < a.M) {
+    const size_t off = (size_t)row * a.N;
+#pragma unroll
+    for (int k = 0; k < KV; ++k) {
+      const int v = gl + k * TPRC;
+      if (v < nv) {
+        copy_async<V>(ring_at<V>(ring, s, k, 0), a.x + off + (size_t)v * V);
+        copy_async<V>(ring_at<V>(ring, s, k, 1), a.dy + off + (size_t)v * V);
+      }
+    }
+  }
+  copy_commit();
+}
+
+template <int V> __device__ __forceinline__ void read_slot(Pack<V>* ring, int s, int gl, int nv, Pack<V> (&xs)[KV],
+                                                           Pack<V> (&ds)[KV]) {
+#pragma unroll
+  for (int k = 0; k < KV; ++k)
+    if (gl + k * TPRC < nv) {
+      xs[k] = *ring_at<V>(ring, s, k, 0);
+      ds[k] = *ring_at<V>(ring, s, k, 1);
+    }
+}
+
+template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* red, Cluster* cl, float* dsm_all,
+                                                          Pack<V>* ring) {
   const int grp = threadIdx.x / TPR, lane = threadIdx.x % TPR;
 #if CLUSTER > 1
   const int rank = cluster_id(0), slot = cluster_id(1);
@@ -230,18 +274,29 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
 
   const int stride = a.slots * ROWS_PER_CTA;
   int row = slot * ROWS_PER_CTA + grp, it = 0;
+  constexpr bool ringed = STAGES > 0 && V > 1;   // the one-element path loads as without a ring
   Pack<V> xs[KV], ds[KV];
 #if PREFETCH
   Pack<V> xn[KV], dn[KV];
   load_regs<V>(a, row, gl, nv, xs, ds);
 #endif
+  if constexpr (ringed) {
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; ++j) stage_row<V>(a, ring, row + j * stride, j, gl, nv);
+  }
   for (int base = slot * ROWS_PER_CTA; base < a.M; base += stride, row += stride, ++it) {
     const bool active = row < a.M;             // an idle row group still reaches every barrier
+    if constexpr (ringed) {
+      stage_row<V>(a, ring, row + (STAGES - 1) * stride, (it + STAGES - 1) % STAGES, gl, nv);
+      copy_wait<STAGES - 1>();                 // this row's group has landed (this thread's own copies)
+      if (active) read_slot<V>(ring, it % STAGES, gl, nv, xs, ds);
+    } else {
 #if PREFETCH
-    load_regs<V>(a, row + stride, gl, nv, xn, dn);
+      load_regs<V>(a, row + stride, gl, nv, xn, dn);
 #else
-    load_regs<V>(a, row, gl, nv, xs, ds);
+      load_regs<V>(a, row, gl, nv, xs, ds);
 #endif
+    }
     const size_t off = (size_t)(active ? row : 0) * a.N;
     const elem_t* xr = a.x + off;
     const elem_t* dyr = a.dy + off;
@@ -264,6 +319,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
     const float c = rs * (row_sum(s, red, cl, grp, lane, it) / (float)a.N);   // mean(g * xhat)
     // ---- KF-EDIT-BEGIN second_pass -----------------------------------------------------------------------------
     if (active) {
+      if constexpr (ringed) read_slot<V>(ring, it % STAGES, gl, nv, xs, ds);   // again: no registers held across
       elem_t* dxr = a.dx + off;
       float df[V], xh[V];
 #pragma unroll
@@ -294,6 +350,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
 #endif
   }
 
+  if constexpr (ringed) copy_wait<0>();      // no copy outlives the loop (the groups past the last row are empty)
   // Publish the slot's partials: combine the row groups' shared regions in a fixed order, or add the register
   // partials to the global row, or store them (all in registers, one row group).
   if (in_smem) {
@@ -339,9 +396,10 @@ rmsnorm_bwd(const elem_t* __restrict__ x, const float* __restrict__ w, const ele
 #else
   Cluster* cl = nullptr;
 #endif
-  extern __shared__ float dsm[];
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];   // the ring, then the dw partials
+  float* dsm = reinterpret_cast<float*>(dynamic_smem + RING_BYTES);
   const Args a{x, w, dy, rstd, dx, partial, M, N, slots, plan};
-  if (plan & PLAN_VECTOR) run_rows<VEC>(a, red, cl, dsm);
-  else run_rows<1>(a, red, cl, dsm);
+  if (plan & PLAN_VECTOR) run_rows<VEC>(a, red, cl, dsm, reinterpret_cast<Pack<VEC>*>(dynamic_smem));
+  else run_rows<1>(a, red, cl, dsm, reinterpret_cast<Pack<1>*>(dynamic_smem));
 }
 

@@ -98,7 +98,8 @@ constexpr int WORDS = VEC_BYTES / 4;                          // 32-bit words pe
 constexpr int REG_VECS = KEEP_X ? 128 / VEC_BYTES : 0;        // vectors per thread kept in registers (128 bytes)
 static_assert(THREADS % ROWS_PER_CTA == 0 && TPR % 32 == 0, "a row needs whole warps");
 static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
-static_assert(CLUSTER == 1 || CLUSTER == 2 || CLUSTER == 4 || CLUSTER == 8, "portable cluster sizes only");
+static_assert(CLUSTER == 1 || CLUSTER == 2 || CLUSTER == 4 || CLUSTER == 8 || CLUSTER == 16,
+              "clusters of 1 to 16 CTAs (above 8: non-portable, allowed by the launcher)");
 static_assert(CLUSTER == 1 || (ROWS_PER_CTA == 1 && !PERSISTENT),
               "a cluster normalizes one row and is not persistent");
 static_assert(STAGE_COPY == STAGE_COPY_CP_ASYNC || (STAGE == STAGE_SMEM && VEC_BYTES == 16),

@@ -23,6 +23,7 @@ REGS_PER_SM = 65536
 THREADS_PER_SM = 2048
 MIN_THREADS_PER_SM = 512           # below 16 warps per SM a persistent memory-bound grid starves
 MAX_SMEM_PER_CTA = 227 * 1024      # sm_90: static + dynamic shared memory of one CTA (dynamic above 48 KB opt-in)
+SMEM_PER_SM = 228 * 1024           # sm_90: shared memory of an SM, 1 KB of it reserved per resident CTA
 MAX_STATIC_SMEM = 48 * 1024
 SMEM_SLACK = 1024                  # static shared memory beyond static_smem()'s count (alignment, compiler extras)
 # Scratch: rows of fp32 dw partials. A plan uses at most SMS * max(ctas_per_sm) slots (times rows_per_cta when the
@@ -34,15 +35,20 @@ SCRATCH_BYTES = 256 * 2**20
 DW_THREADS = 256                   # the template's rmsnorm_bwd_dw block
 PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL = 1, 2, 4   # the template's PLAN_* flags
 BASE_REGS = 28                     # registers besides the slots and one vector's unpacked temporaries
+RING_REGS = 20                     # more with a cp.async ring: slot addresses, and both passes' loads from it
+# Clusters of 16 CTAs (non-portable) need 16 free SMs in one GPC; the H200's 132 SMs do not give every GPC that
+# many, so fewer than SMS // 16 such clusters are resident at once. A persistent grid launches no more clusters
+# than are resident (a later wave would double the time); tests/gpu checks this against the driver's occupancy.
+RESIDENT_CLUSTERS = {16: 7}
 
 
 def registers(g: Mapping[str, GeneValue]) -> int:
     """Registers per thread the genes need, for 2-byte dtypes (the worst case): per register vector, x and dy
     (twice with prefetch), w for the whole kernel and, with dw_acc=regs, the dw partials; plus the unpacked
-    temporaries of one vector. Calibrated on NVRTC builds: no genome this admits spills."""
+    temporaries of one vector, and the ring's extra. Calibrated on NVRTC builds: no genome this admits spills."""
     words, elems = int(g["vec_bytes"]) // 4, int(g["vec_bytes"]) // 2
     per_vec = 2 * words * (2 if g["prefetch"] else 1) + elems * (2 if g["dw_acc"] == "regs" else 1)
-    return BASE_REGS + 2 * elems + int(g["reg_vecs"]) * per_vec
+    return BASE_REGS + 2 * elems + int(g["reg_vecs"]) * per_vec + (RING_REGS if int(g["stages"]) else 0)
 
 
 def register_limit(g: Mapping[str, GeneValue]) -> int:
@@ -56,6 +62,11 @@ def static_smem(g: Mapping[str, GeneValue]) -> int:
     threads, cluster, tpr = int(g["threads"]), int(g["cluster"]), int(g["threads"]) // int(g["rows_per_cta"])
     red = threads if g["reduce"] == "smem" else 0 if tpr == 32 else threads // 32   # a one-warp row shuffles only
     return 4 * 2 * red + (16 + 8 * cluster if cluster > 1 else 0)
+
+
+def ring_bytes(g: Mapping[str, GeneValue]) -> int:
+    """Bytes of the cp.async ring (stages > 0): per row slot, x and dy of every thread's register vectors."""
+    return int(g["stages"]) * int(g["reg_vecs"]) * 2 * int(g["threads"]) * int(g["vec_bytes"])
 
 
 def _rule(g: Mapping[str, GeneValue]) -> str | None:
@@ -77,6 +88,12 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
         return "a one-warp row sums with shuffles; reduce=smem is for rows of several warps"
     if static_smem(g) > MAX_STATIC_SMEM:
         return f"{static_smem(g)} B of static shared memory exceeds {MAX_STATIC_SMEM} B"
+    if int(g["stages"]) and g["prefetch"]:
+        return f"stages={g['stages']}: the cp.async ring already loads rows ahead; needs prefetch=False"
+    own = static_smem(g) + SMEM_SLACK + ring_bytes(g)
+    if int(g["ctas_per_sm"]) * (own + 1024) > SMEM_PER_SM or own > MAX_SMEM_PER_CTA:
+        return (f"a ring of {ring_bytes(g)} B per CTA ({g['stages']} stages of {g['reg_vecs']} vectors of "
+                f"{g['threads']} threads) leaves no room for {g['ctas_per_sm']} CTAs per SM")
     if registers(g) > register_limit(g):
         return (f"about {registers(g)} registers per thread exceed the {register_limit(g)} that "
                 f"{g['ctas_per_sm']} CTAs of {threads} threads allow")
@@ -95,9 +112,12 @@ SPACE = GeneSpace(
         Gene("dw_acc", ("regs", "smem"), "regs",
              doc="dw partials of the register vectors in registers | all in shared memory (global when too wide)"),
         Gene("ctas_per_sm", (1, 2, 4), 2, doc="persistent grid: CTAs per SM (also the launch bound's minimum)"),
-        Gene("cluster", (1, 2, 4, 8), 1, doc="CTAs of a thread-block cluster sharing each row (row sums via DSMEM)"),
+        Gene("cluster", (1, 2, 4, 8, 16), 1,
+             doc="CTAs of a thread-block cluster sharing each row (row sums via DSMEM; 16 is non-portable)"),
         Gene("reduce", ("shfl", "smem"), "shfl", kind="ptx", doc="row sum: shfl.sync.bfly butterfly | smem tree"),
         Gene("prefetch", (False, True), True, doc="load the next row's register vectors before this row's reduction"),
+        Gene("stages", (0, 2, 3, 4), 0,
+             doc="cp.async ring of row slots in shared memory: the register vectors of stages-1 rows ahead in flight"),
     ),
     rule=_rule,
 )
@@ -140,15 +160,16 @@ def plan(g: Mapping[str, GeneValue], m: int, n: int, dtype: str, aligned: bool =
     vector = aligned and n % vec == 0
     width = vec if vector else 1
     vecs_per_thread = -(-(n // width) // (tpr * cluster))
-    smem = rows * vecs_per_thread * width * tpr * 4
+    smem, ring = rows * vecs_per_thread * width * tpr * 4, ring_bytes(g)
     if g["dw_acc"] == "regs" and rows == 1 and vecs_per_thread <= int(g["reg_vecs"]):
-        flags, shared = 0, 0
-    elif static_smem(g) + SMEM_SLACK + smem <= MAX_SMEM_PER_CTA:
-        flags, shared = PLAN_DW_SMEM, smem
+        flags, shared = 0, ring
+    elif static_smem(g) + SMEM_SLACK + ring + smem <= MAX_SMEM_PER_CTA:
+        flags, shared = PLAN_DW_SMEM, ring + smem
     else:
-        flags, shared = PLAN_DW_GLOBAL, 0
+        flags, shared = PLAN_DW_GLOBAL, ring
     cap = scratch_rows(m, n) // (rows if flags == PLAN_DW_GLOBAL else 1)
-    slots = max(1, min(-(-m // rows), SMS * int(g["ctas_per_sm"]) // cluster, cap))
+    resident = RESIDENT_CLUSTERS.get(cluster, SMS * int(g["ctas_per_sm"]) // cluster)
+    slots = max(1, min(-(-m // rows), SMS * int(g["ctas_per_sm"]) // cluster, resident, cap))
     partial_rows = slots * rows if flags == PLAN_DW_GLOBAL else slots
     dw_width = 4 if n % 4 == 0 and aligned else 1
     columns = -(-n // dw_width)
@@ -255,7 +276,8 @@ class RmsNormBackward:
         return [("LDG.E.NA", genes["load"] == "nc_na", "load=nc_na is ld.global.nc.L1::no_allocate"),
                 ("STG.E.EF", genes["store"] == "cs", "store=cs is st.global.cs"),
                 ("SHFL.BFLY", genes["reduce"] == "shfl", "reduce=shfl is shfl.sync.bfly"),
-                ("UCGABAR", int(genes["cluster"]) > 1, "cluster>1 syncs with barrier.cluster")]
+                ("UCGABAR", int(genes["cluster"]) > 1, "cluster>1 syncs with barrier.cluster"),
+                ("LDGSTS", int(genes["stages"]) > 0, "stages>0 copies rows ahead with cp.async")]
 
     def launch(self, genes: Mapping[str, GeneValue], case: Case, inputs: Mapping[str, Any],
                outputs: Mapping[str, Any]) -> tuple[Launch, Launch]:

@@ -58,6 +58,14 @@ def test_missing_file_and_bad_yaml(tmp_path):
     ({"problem": "rmsnorm_fwd", "shapes": "64x0"}, "'shapes': '64x0' is not a shape"),
     ({"problem": "rmsnorm_fwd", "shapes": "64x8x2"}, "'shapes': '64x8x2' is not a shape"),
     ({"problem": "rmsnorm_fwd", "evaluator": {"baseline": "cublas"}}, "'cublas' is not a baseline of rmsnorm_fwd"),
+    ({"problem": "rmsnorm_bwd", "search": {"space": {"stage": [2]}}},
+     "'search.space.stage': no such gene; the genes are threads, rows_per_cta"),
+    ({"problem": "rmsnorm_bwd", "search": {"space": {"stages": [2, 5]}}},
+     "'search.space.stages': [5] not among the choices 0, 2, 3, 4"),
+    ({"problem": "rmsnorm_bwd", "search": {"space": {"cluster": []}}}, "'search.space.cluster': an empty list"),
+    ({"problem": "rmsnorm_bwd", "search": {"space": {"stages": [3], "prefetch": [True]}}},
+     "no genome with these choices passes the problem's rule"),
+    ({"problem": "rmsnorm_bwd", "search": {"space": ["stages"]}}, "'search.space' must be a mapping"),
 ])
 def test_bad_plugins_and_values_fail_before_any_work(data, needle):
     with pytest.raises(ConfigError) as err:
@@ -70,6 +78,14 @@ def test_shapes_may_be_listed():
                                       "dtypes": ["bfloat16", "float16"]}))
     assert [c.key for c in run.cases] == ["bfloat16:32768x65536", "bfloat16:8192x262144", "float16:32768x65536",
                                           "float16:8192x262144"]
+
+
+def test_a_run_may_narrow_the_gene_space():
+    cfg = config.parse({"problem": "rmsnorm_bwd", "search": {"space": {"stages": [2, 4], "prefetch": [False]}}})
+    space = build.restrict_space(build.prepare(cfg).problem.space, cfg.search.space)
+    assert space["stages"].choices == (2, 4) and space["stages"].default == 2 and space["prefetch"].choices == (False,)
+    assert space["cluster"].choices == (1, 2, 4, 8, 16)
+    assert all(g["stages"] in (2, 4) and not g["prefetch"] for g in space.enumerate())
 
 
 def test_unknown_evaluator_option_is_named(synthetic_recording):

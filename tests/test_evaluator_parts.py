@@ -43,14 +43,32 @@ def test_restricting_to_nothing_is_an_error():
         SPACE.restricted({"a": (7,)})
 
 
+def _module(monkeypatch):
+    """A launcher.Module over fake kernels "K" (main) and "D" (dw), recording the attributes it sets."""
+    from kernel_factory.evo.evaluate import launcher
+    calls = []
+    monkeypatch.setattr(launcher, "set_attribute", lambda kernel, which, value, what: calls.append((kernel, which,
+                                                                                                   value)))
+    module = launcher.Module.__new__(launcher.Module)
+    module.default_kernel, module._kernels, module._smem, module._wide = "main", {"main": "K", "dw": "D"}, {}, set()
+    return module, calls
+
+
 def test_dynamic_shared_memory_is_allowed_even_below_48_kb(monkeypatch):
     """The 48 KB default includes static shared memory: 47232 B dynamic beside 2064 B static fails to launch
     unless the kernel's limit is raised, so any dynamic amount not yet allowed is set (once)."""
-    from kernel_factory.evo.evaluate import launcher
-    calls = []
-    monkeypatch.setattr(launcher, "set_max_dynamic_shared", lambda kernel, nbytes: calls.append((kernel, nbytes)))
-    module = launcher.Module.__new__(launcher.Module)
-    module.default_kernel, module._kernels, module._smem = "main", {"main": "K", "dw": "D"}, {}
+    module, calls = _module(monkeypatch)
     for name, nbytes in (("main", 0), ("main", 47232), ("", 40000), ("main", 47232), ("dw", 100000)):
         module.allow_shared(name, nbytes)
-    assert calls == [("K", 47232), ("D", 100000)]
+    smem = "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"
+    assert calls == [("K", smem, 47232), ("D", smem, 100000)]
+
+
+def test_clusters_above_eight_ctas_are_allowed_once_per_kernel(monkeypatch):
+    """sm_90 launches clusters of up to 8 CTAs; 16 needs the kernel's non-portable attribute, set once."""
+    module, calls = _module(monkeypatch)
+    for name, cluster in (("main", None), ("main", (8, 1, 1)), ("main", (16, 1, 1)), ("", (16, 1, 1)),
+                          ("dw", (4, 4, 1))):
+        module.allow_cluster(name, cluster)
+    wide = "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED"
+    assert calls == [("K", wide, 1), ("D", wide, 1)]

@@ -158,3 +158,20 @@ def test_seeds_from_a_dispatch_table_join_generation_zero(replay_config, tmp_pat
     summary, cfg = run(replay_config, f"search.seeds_from={table_path}")
     first = {r["candidate"]["id"] for r in journal_of(cfg, summary) if r["event"] == "result" and r["generation"] == 0}
     assert set(table["genomes"]) <= first
+
+
+def test_seeds_from_an_older_table_take_new_genes_at_their_defaults(tmp_path, synthetic_recording):
+    """A table exported before the problem gained a gene still seeds a run: the gene at its default."""
+    from kernel_factory.evo import export, run as run_mod
+    from kernel_factory.evo import registry
+    problem = registry.load("problem", "rmsnorm_fwd")
+    table_path = tmp_path / "table.json"
+    export.export("rmsnorm_fwd", [str(synthetic_recording)], table_path)
+    table = json.loads(table_path.read_text())
+    for entry in table["genomes"].values():
+        del entry["genes"]["cluster"]
+    table_path.write_text(json.dumps(table))
+    seeds = run_mod.table_seeds(str(table_path), problem, problem.space)
+    assert len(seeds) == len(table["genomes"]) and all(g.gene_dict["cluster"] == 1 for g in seeds)
+    narrow = problem.space.restricted({"cluster": (2, 4)})   # a run narrowed away from them gets none
+    assert run_mod.table_seeds(str(table_path), problem, narrow) == []

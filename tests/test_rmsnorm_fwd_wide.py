@@ -35,6 +35,7 @@ SPREAD = {
     "cluster2": dict(cluster=2),
     "cluster4_stage": dict(cluster=4, stage="smem", threads=512),
     "cluster8_bulk": dict(cluster=8, stage="smem", stage_copy="bulk", threads=1024, keep_x=False),
+    "cluster16_stage": dict(cluster=16, stage="smem", threads=512, unroll=4),
     "persistent": dict(persistent=True),
     "persistent_stage": dict(persistent=True, stage="smem", threads=128, rows_per_cta=4),
     "persistent_bulk_smem_reduce": dict(persistent=True, stage="smem", stage_copy="bulk", reduce="smem"),
@@ -198,6 +199,9 @@ def test_the_launcher_starts_the_planned_number_of_ctas(monkeypatch):
 
     class Module:
         def allow_shared(self, name: str, nbytes: int) -> None:
+            pass
+
+        def allow_cluster(self, name: str, cluster: tuple[int, int, int] | None) -> None:
             pass
 
         def kernel(self, name: str) -> str:

@@ -7,8 +7,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from kernel_factory.evo.protocols import Launch, launch_steps
 
+PORTABLE_CLUSTER = 8   # CTAs per cluster any sm_90 launch may use; beyond, a kernel must allow non-portable sizes
+
+
 class Module:
-    """One loaded cubin: kernels looked up by name once, opt-in shared memory raised once per kernel."""
+    """One loaded cubin: kernels looked up by name once, opt-in shared memory and non-portable cluster sizes
+    allowed once per kernel."""
 
     def __init__(self, cubin: bytes, default_kernel: str):
         from cuda.core import ObjectCode
@@ -16,6 +20,7 @@ class Module:
         self.default_kernel = default_kernel
         self._kernels: dict[str, Any] = {}
         self._smem: dict[str, int] = {}
+        self._wide: set[str] = set()
 
     def kernel(self, name: str) -> Any:
         name = name or self.default_kernel
@@ -29,21 +34,31 @@ class Module:
         name = name or self.default_kernel
         if nbytes <= self._smem.get(name, 0):
             return
-        set_max_dynamic_shared(self.kernel(name), nbytes)
+        set_attribute(self.kernel(name), "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", nbytes,
+                      f"allow {nbytes} B of dynamic shared memory")
         self._smem[name] = nbytes
 
+    def allow_cluster(self, name: str, cluster: tuple[int, int, int] | None) -> None:
+        """Allow clusters above the portable size of 8 CTAs (sm_90 runs 16) for the kernel, once."""
+        name = name or self.default_kernel
+        if cluster is None or cluster[0] * cluster[1] * cluster[2] <= PORTABLE_CLUSTER or name in self._wide:
+            return
+        set_attribute(self.kernel(name), "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1,
+                      f"allow clusters of {cluster}")
+        self._wide.add(name)
 
-def set_max_dynamic_shared(kernel: Any, nbytes: int) -> None:
+
+def set_attribute(kernel: Any, which: str, value: int, what: str) -> None:
     from cuda.bindings import driver
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    attr = getattr(driver.CUfunction_attribute, which)
     handle = kernel.handle
     if isinstance(handle, driver.CUkernel):
         err, dev = driver.cuCtxGetDevice()
-        (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, dev)
+        (err,) = driver.cuKernelSetAttribute(attr, value, handle, dev)
     else:
-        (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
+        (err,) = driver.cuFuncSetAttribute(handle, attr, value)
     if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cannot allow {nbytes} B of dynamic shared memory: {err.name}")
+        raise RuntimeError(f"cannot {what}: {err.name}")
 
 
 _CONFIGS: dict[tuple, Any] = {}   # launch configurations by geometry: library ops call with the same few shapes
@@ -75,6 +90,7 @@ class Prepared:
         self.steps = []
         for step in launch_steps(plan):
             module.allow_shared(step.kernel, step.shared_bytes)
+            module.allow_cluster(step.kernel, step.cluster)
             tensors = [i for i, a in enumerate(step.args) if hasattr(a, "data_ptr")]
             args = [a.data_ptr() if i in tensors else a for i, a in enumerate(step.args)]
             slots = tuple((i, names[id(step.args[i])]) for i in tensors) if names is not None else ()

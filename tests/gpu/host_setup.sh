@@ -1,8 +1,13 @@
 # Source this on an offline GPU host (the device machine), from the repository root, before GPU tests or runs:
 #   source tests/gpu/host_setup.sh [MORE WHEEL DIRS]   (e.g. .whl-baselines and split parts of a large wheel)
+# A later call on the same warm host need not carry .whl again (its wheels stay installed under /tmp).
 # It installs the carried wheelhouse (.whl: deap, mlflow; see README "GPU host"), then this project and the
 # plugin packages under tests/plugins/ into /tmp/kf, without build isolation and without an index.
-source .whl/install-wheels.sh .whl "$@"
+if [ -f .whl/install-wheels.sh ]; then
+  source .whl/install-wheels.sh .whl "$@"
+else   # a later call on the same warm host: the wheelhouse was installed, and the script kept in /tmp
+  source /tmp/install-wheels.sh "$@"
+fi
 kf_pip() { python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/kf "$1" 2>&1 \
   | grep -v "^WARNING: Target" || true; }
 kf_pip .

@@ -14,7 +14,15 @@
 # of its code is part of the project). QuACK's 92 MB cutlass wheel does not fit one call beside the working tree:
 # here it is cut in halves (`split -n 2`) into two ignored folders, carried in calls b and c, stashed in /tmp by b
 # and joined by c into a folder that host_setup.sh is given (see README "On a GPU").
-kf_stage="${1:?stage a, b, c, d or e}"
+#
+# Stages f to h are the fourth session's (runs/evidence/h200-2026-11-30d), on one warm host:
+#   f: setup; GPU tests of the backward template (the cp.async ring and clusters of 16 among them) and of the
+#      forward's clusters of 16; backward searches of the ring variant (wide rows, bf16 and fp16; mid rows, bf16) and
+#      a forward bf16 search of the two widest rows with clusters of 8 and 16; both tables exported on the host
+#   g: (carries the cutlass wheel's first half) backward bf16/fp16 bench against torch, Liger and INT21
+#   h: (carries the second half) forward bf16 against every baseline, QuACK autotuned per shape; backward bf16/fp16
+#      against QuACK and INT21
+kf_stage="${1:?stage a to h}"
 kf_ev="/tmp/kf-ev/$kf_stage"   # everything lands here, and goes back to $OUT as archives (few files)
 mkdir -p "$kf_ev" runs
 export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
@@ -86,5 +94,42 @@ e)
   export QUACK_FORCE_CACHE_UPDATE=1
   kf_bench 130 bwd-peers --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 \
     --reps 20 --baselines quack,int21
+  ;;
+f)
+  for d in runs/evidence/h200-2026-11-30[bc]/runs/h200-*; do   # the earlier runs, for the export
+    mkdir -p "runs/${d##*/}" && gunzip -c "$d/journal.jsonl.gz" > "runs/${d##*/}/journal.jsonl"
+  done
+  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
+    > /tmp/int21_build.log 2>&1 &)
+  timeout 200 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_fwd_wide_gpu.py \
+    -q -p no:cacheprovider -rfE -s > "$kf_ev/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|cluster16|\{" "$kf_ev/gpu_tests.log" | tail -n 12 | cut -c1-400
+  kf_pack
+  kf_run h200-bwd-ring configs/rmsnorm_bwd_ring.yaml
+  kf_run h200-bwd-ring-mid configs/rmsnorm_bwd_ring.yaml -o shapes=32768x2048,32768x4096,32768x8192 \
+    -o 'dtypes=[bfloat16]' -o search.wall_clock_s=50 \
+    -o 'search.space={stages: [2, 3, 4], prefetch: [false], cluster: [1, 2]}'
+  kf_run h200-fwd-c16 configs/rmsnorm_fwd_wide.yaml -o shapes=16384x131072,8192x262144 -o search.wall_clock_s=45 \
+    -o 'search.space={cluster: [8, 16], stage: [smem]}'
+  mkdir -p runs/ops
+  kernel-factory export --problem rmsnorm_bwd h200-bwd-bf16 h200-bwd-bf16-wide h200-bwd-fp16 h200-bwd-ring \
+    h200-bwd-ring-mid --build --out runs/ops/rmsnorm_bwd.json > "$kf_ev/export-bwd.log" 2>&1
+  echo "export bwd rc=$?"
+  kernel-factory export --problem rmsnorm_fwd h200-fwd-bf16 h200-fwd-bf16-wide h200-fwd-fp16 h200-fwd-fp32 \
+    h200-fwd-c16 --build --out runs/ops/rmsnorm_fwd.json > "$kf_ev/export-fwd.log" 2>&1
+  echo "export fwd rc=$?"
+  kf_pack
+  tail -n 2 /tmp/int21_build.log
+  ;;
+g)
+  kf_bench 200 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
+    --baselines torch_eager,torch_compile,liger,int21
+  ;;
+h)
+  export QUACK_FORCE_CACHE_UPDATE=1
+  python3 -c "import quack.rmsnorm, rmsnorm; print('quack and int21 import')" 2>&1 | tail -n 1
+  kf_bench 150 bwd-peers --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 \
+    --reps 20 --baselines quack,int21
+  kf_bench 380 fwd-bf16 --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes bfloat16 --reps 20
   ;;
 esac

@@ -17,8 +17,9 @@ from kernel_factory.evo.types import Candidate, Case, Genome, Status
 pytestmark = pytest.mark.gpu
 
 DTYPES = ("bfloat16", "float16", "float32")
-# Every placement of dw (registers, shared, global), warp-per-row and multi-warp rows, clusters of 2 to 8, both
-# vector widths, every load and store flavour, both reductions, with and without prefetch.
+# Every placement of dw (registers, shared, global), warp-per-row and multi-warp rows, clusters of 2 to 16, both
+# vector widths, every load and store flavour, both reductions, with and without prefetch, cp.async rings of 2 to 4
+# row slots.
 CORNERS = {
     "warp_rows_vec8": dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, vec_bytes=8),
     "warp_rows_plain": dict(threads=256, rows_per_cta=8, ctas_per_sm=4, reg_vecs=1, prefetch=False, load="plain",
@@ -30,6 +31,13 @@ CORNERS = {
                           prefetch=False),
     "cluster8_512_kv4": dict(threads=512, cluster=8, ctas_per_sm=1, reg_vecs=4, prefetch=False, dw_acc="smem"),
     "ctas4_no_prefetch": dict(ctas_per_sm=4, reg_vecs=1, prefetch=False, dw_acc="smem"),
+    "ring2_cluster16": dict(threads=512, cluster=16, ctas_per_sm=1, reg_vecs=4, stages=2, prefetch=False,
+                            dw_acc="smem"),
+    "ring4_cluster16_kv2": dict(threads=512, cluster=16, ctas_per_sm=1, reg_vecs=2, stages=4, prefetch=False),
+    "ring3_cta2": dict(threads=256, ctas_per_sm=2, reg_vecs=2, stages=3, prefetch=False),
+    "ring4_cluster8_vec8": dict(threads=512, cluster=8, ctas_per_sm=1, reg_vecs=2, stages=4, prefetch=False,
+                                vec_bytes=8),
+    "ring2_warp_rows": dict(threads=256, rows_per_cta=8, ctas_per_sm=2, reg_vecs=1, stages=2, prefetch=False),
 }
 WIDE = [Case((32768, 1024), "bfloat16"), Case((16384, 131072), "float16"), Case((8192, 262144), "bfloat16")]
 TIMED = [Case((32768, 1024), "bfloat16"), Case((32768, 16384), "bfloat16"), Case((8192, 262144), "bfloat16"),
@@ -116,7 +124,8 @@ def test_every_genome_passes_the_gate_on_odd_and_held_out_shapes(built, bench, d
 @pytest.mark.parametrize("case", WIDE, ids=lambda c: c.key)
 def test_corners_pass_the_gate_on_benchmark_rows(built, bench, case):
     rng = random.Random(8)
-    names = ["default", "warp_rows_vec8", "cluster8_1024", "cluster8_512_kv4", "rows4_smem_tree"]
+    names = ["default", "warp_rows_vec8", "cluster8_1024", "cluster8_512_kv4", "rows4_smem_tree", "ring2_cluster16",
+             "ring4_cluster16_kv2", "ring3_cta2"]
     failures = [f"{n}: {bad[:300]}" for n in names
                 if (bad := gate(bench, module(built[n][1][case.dtype]), built[n][0], case, rng))]
     assert not failures, "\n".join(failures)
@@ -140,3 +149,25 @@ def test_live_evaluator_checks_and_times_a_spread(built, tmp_path):
     bad = {n: f"{r.status.value}: {r.message[:300]}" for n, r in results.items() if r.status is not Status.OK}
     assert not bad, bad
     assert all(r.fitness > 0 and set(r.times_us) == set(keys) for r in results.values())
+
+
+def test_persistent_clusters_fit_on_the_gpu_at_once(built):
+    """A persistent grid of more clusters than the GPU holds at once runs a second wave: the plan's cap for each
+    cluster size must not exceed the driver's count of co-resident clusters for that kernel and shared memory."""
+    from cuda.core import Device, LaunchConfig
+    from kernel_factory.problems import rmsnorm_bwd as mod
+    device = Device(0)
+    device.set_current()
+    seen = {}
+    for name in ("cluster2_smem_dw", "cluster4_na_cs", "cluster8_1024", "ring2_cluster16", "ring4_cluster16_kv2"):
+        g, cubins = built[name]
+        m = module(cubins["bfloat16"])
+        p = mod.plan(g, 8192, 262144, "bfloat16")
+        m.allow_shared("", p.shared_bytes)
+        m.allow_cluster("", (p.cluster, 1, 1))
+        cfg = LaunchConfig(grid=(p.slots, 1, 1), block=(int(g["threads"]), 1, 1), shmem_size=p.shared_bytes,
+                           cluster=(p.cluster, 1, 1))
+        fits = m.kernel("").occupancy.max_active_clusters(cfg, stream=device.default_stream)
+        seen[name] = (p.cluster, p.slots, fits)
+    print(seen)
+    assert all(slots <= fits for _, slots, fits in seen.values()), seen

@@ -33,6 +33,8 @@ GENOMES = {
     "cluster2_bulk": dict(cluster=2, stage="smem", stage_copy="bulk"),
     "cluster4_bulk_512": dict(cluster=4, stage="smem", stage_copy="bulk", threads=512),
     "cluster8_bulk_1024": dict(cluster=8, stage="smem", stage_copy="bulk", threads=1024, unroll=1),
+    "cluster16_stage_512": dict(cluster=16, stage="smem", threads=512),
+    "cluster16_bulk_256": dict(cluster=16, stage="smem", stage_copy="bulk", threads=256),
     "cluster4_reduce_smem_na": dict(cluster=4, reduce="smem", load="nc_na"),
     "cluster4_cp_async_ring": dict(cluster=4, load="cp_async", unroll=1),
     "persistent": dict(persistent=True),
