@@ -36,10 +36,11 @@ DW_THREADS = 256                   # the template's rmsnorm_bwd_dw block
 PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL = 1, 2, 4   # the template's PLAN_* flags
 BASE_REGS = 28                     # registers besides the slots and one vector's unpacked temporaries
 RING_REGS = 20                     # more with a cp.async ring: slot addresses, and both passes' loads from it
-# Clusters of 16 CTAs (non-portable) need 16 free SMs in one GPC; the H200's 132 SMs do not give every GPC that
-# many, so fewer than SMS // 16 such clusters are resident at once. A persistent grid launches no more clusters
-# than are resident (a later wave would double the time); tests/gpu checks this against the driver's occupancy.
-RESIDENT_CLUSTERS = {16: 7}
+# A cluster's CTAs share one GPC, and the H200's GPCs hold different numbers of SMs, so fewer than SMS // cluster
+# clusters of 4 or more are resident at once: with one CTA per SM, the driver counts 30 of 4, 15 of 8 and 7 of 16
+# (cuOccupancyMaxActiveClusters, tests/gpu). A persistent grid launches no more clusters than are resident (times
+# ctas_per_sm, a lower bound when CTAs share SMs): a second wave of the few left over would double the time.
+RESIDENT_CLUSTERS = {4: 30, 8: 15, 16: 7}
 
 
 def registers(g: Mapping[str, GeneValue]) -> int:
@@ -168,7 +169,7 @@ def plan(g: Mapping[str, GeneValue], m: int, n: int, dtype: str, aligned: bool =
     else:
         flags, shared = PLAN_DW_GLOBAL, ring
     cap = scratch_rows(m, n) // (rows if flags == PLAN_DW_GLOBAL else 1)
-    resident = RESIDENT_CLUSTERS.get(cluster, SMS * int(g["ctas_per_sm"]) // cluster)
+    resident = RESIDENT_CLUSTERS.get(cluster, SMS // cluster) * int(g["ctas_per_sm"])
     slots = max(1, min(-(-m // rows), SMS * int(g["ctas_per_sm"]) // cluster, resident, cap))
     partial_rows = slots * rows if flags == PLAN_DW_GLOBAL else slots
     dw_width = 4 if n % 4 == 0 and aligned else 1

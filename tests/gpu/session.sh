@@ -121,11 +121,22 @@ f)
   kf_pack
   tail -n 2 /tmp/int21_build.log
   ;;
-g)
+g)   # the ring searches again, one dtype per run (stage f's run of both ran out of GPU memory before it began)
+  cp .cut1/*.half1 /tmp/
+  kf_run h200-bwd-ring configs/rmsnorm_bwd_ring.yaml
+  kf_run h200-bwd-ring-fp16 configs/rmsnorm_bwd_ring.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=80
+  kernel-factory export --problem rmsnorm_bwd h200-bwd-bf16 h200-bwd-bf16-wide h200-bwd-fp16 h200-bwd-ring \
+    h200-bwd-ring-mid h200-bwd-ring-fp16 --build --out runs/ops/rmsnorm_bwd.json > "$kf_ev/export-bwd.log" 2>&1
+  echo "export bwd rc=$?"
+  kf_pack
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh > /tmp/setup2.log 2>&1
   kf_bench 200 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
     --baselines torch_eager,torch_compile,liger,int21
   ;;
 h)
+  W=nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+  mkdir -p /tmp/cutwhl && cat "/tmp/$W.half1" ".cut2/$W.half2" > "/tmp/cutwhl/$W"
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh /tmp/cutwhl > /tmp/setup3.log 2>&1
   export QUACK_FORCE_CACHE_UPDATE=1
   python3 -c "import quack.rmsnorm, rmsnorm; print('quack and int21 import')" 2>&1 | tail -n 1
   kf_bench 150 bwd-peers --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 \
