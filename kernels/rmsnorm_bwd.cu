@@ -219,12 +219,12 @@ template <int V> __device__ __forceinline__ void stage_row(const Args& a, Pack<V
     for (int k = 0; k < KV; ++k) {
       const int v = gl + k * TPRC;
       if (v < nv) {
-        copy_async<V>(ring_at<V>(ring, s, k, 0), a.x + off + (size_t)v * V);
-        copy_async<V>(ring_at<V>(ring, s, k, 1), a.dy + off + (size_t)v * V);
+        cp_async_vec(ring_at<V>(ring, s, k, 0), a.x + off + (size_t)v * V);
+        cp_async_vec(ring_at<V>(ring, s, k, 1), a.dy + off + (size_t)v * V);
       }
     }
   }
-  copy_commit();
+  cp_async_commit();
 }
 
 template <int V> __device__ __forceinline__ void read_slot(Pack<V>* ring, int s, int gl, int nv, Pack<V> (&xs)[KV],
@@ -288,7 +288,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
     const bool active = row < a.M;             // an idle row group still reaches every barrier
     if constexpr (ringed) {
       stage_row<V>(a, ring, row + (STAGES - 1) * stride, (it + STAGES - 1) % STAGES, gl, nv);
-      copy_wait<STAGES - 1>();                 // this row's group has landed (this thread's own copies)
+      cp_async_wait<STAGES - 1>();             // this row's group has landed (this thread's own copies)
       if (active) read_slot<V>(ring, it % STAGES, gl, nv, xs, ds);
     } else {
 #if PREFETCH
@@ -350,7 +350,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
 #endif
   }
 
-  if constexpr (ringed) copy_wait<0>();      // no copy outlives the loop (the groups past the last row are empty)
+  if constexpr (ringed) cp_async_wait<0>();  // no copy outlives the loop (groups past the last row are empty)
   // Publish the slot's partials: combine the row groups' shared regions in a fixed order, or add the register
   // partials to the global row, or store them (all in registers, one row group).
   if (in_smem) {

@@ -94,21 +94,7 @@ template <int V> __device__ __forceinline__ void red_f32(float* p, const float (
 }
 // ---- KF-EDIT-END load_store ------------------------------------------------------------------------------------
 
-// ---- cp.async ring (STAGES > 0) ----------------------------------------------------------------------------------
-// One vector from global into this thread's slot of shared memory: 16 bytes through L2 only (.cg), 8 bytes (.ca).
-template <int V> __device__ __forceinline__ void copy_async(Pack<V>* slot, const elem_t* p) {
-  static_assert(V > 1, "the ring holds whole vectors");
-  const unsigned int s = (unsigned int)__cvta_generic_to_shared(slot);
-#if VEC_BYTES == 16
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(p) : "memory");
-#else
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(s), "l"(p) : "memory");
-#endif
-}
-__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int PENDING> __device__ __forceinline__ void copy_wait() {   // at most PENDING newer groups in flight
-  asm volatile("cp.async.wait_group %0;" :: "n"(PENDING) : "memory");
-}
+#include "cp_async.cuh"
 
 #if DTYPE == DTYPE_BFLOAT16
 __device__ __forceinline__ float2 word_to_float2(unsigned int w) {

@@ -38,18 +38,7 @@ __device__ __forceinline__ void store_vec(elem_t* p, const vec_t& v) {
 #endif
 }
 
-__device__ __forceinline__ void cp_async_vec(void* smem, const elem_t* gmem) {
-  const unsigned int s = (unsigned int)__cvta_generic_to_shared(smem);
-#if VEC_BYTES == 16
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(gmem) : "memory");
-#else
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(s), "l"(gmem) : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
+#include "cp_async.cuh"
 // ---- KF-EDIT-END load_store ------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void unpack(const vec_t& v, float (&f)[VEC]) {

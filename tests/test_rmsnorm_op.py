@@ -233,10 +233,13 @@ class _Module:
     """A loaded cubin's stand-in: records what Prepared asks of it."""
 
     def __init__(self):
-        self.shared, self.kernels = [], []
+        self.shared, self.clusters, self.kernels = [], [], []
 
     def allow_shared(self, name, nbytes):
         self.shared.append((name, nbytes))
+
+    def allow_cluster(self, name, cluster):
+        self.clusters.append((name, cluster))
 
     def kernel(self, name):
         self.kernels.append(name)
@@ -259,6 +262,7 @@ def test_prepared_launch_puts_each_calls_addresses_into_the_cached_plan():
     prepared = Prepared(module, steps, {id(t): name for name, t in first.items()})
     assert [k for _, k, _, _ in prepared.steps] == ["kernel:rmsnorm_bwd", "kernel:rmsnorm_bwd_dw"]
     assert module.shared == [("rmsnorm_bwd", steps[0].shared_bytes), ("rmsnorm_bwd_dw", 0)]
+    assert module.clusters == [("rmsnorm_bwd", None), ("rmsnorm_bwd_dw", None)]
     # Another call's tensors (same shape, new storage): their addresses, in the problem's argument order.
     again_in, again_out = bwd.make_inputs(case, 2, "cpu"), bwd.make_outputs(case, "cpu")
     tensors = {**again_in, **again_out}

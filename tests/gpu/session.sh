@@ -15,14 +15,16 @@
 # here it is cut in halves (`split -n 2`) into two ignored folders, carried in calls b and c, stashed in /tmp by b
 # and joined by c into a folder that host_setup.sh is given (see README "On a GPU").
 #
-# Stages f to h are the fourth session's (runs/evidence/h200-2026-11-30d), on one warm host:
+# Stages f to j are the fourth session's (runs/evidence/h200-2026-11-30d; its README says how each call went):
 #   f: setup; GPU tests of the backward template (the cp.async ring and clusters of 16 among them) and of the
-#      forward's clusters of 16; backward searches of the ring variant (wide rows, bf16 and fp16; mid rows, bf16) and
-#      a forward bf16 search of the two widest rows with clusters of 8 and 16; both tables exported on the host
-#   g: (carries the cutlass wheel's first half) backward bf16/fp16 bench against torch, Liger and INT21
-#   h: (carries the second half) forward bf16 against every baseline, QuACK autotuned per shape; backward bf16/fp16
-#      against QuACK and INT21
-kf_stage="${1:?stage a to h}"
+#      forward's clusters of 16; a backward search of the ring variant at mid rows (bf16) and a forward bf16 search
+#      of the two widest rows with clusters of 8 and 16
+#   g: backward searches of the ring variant at the five widest rows, one per dtype; both tables exported
+#   h: (carries the cutlass wheel's first half) backward bf16/fp16 against torch, torch.compile, Liger and INT21
+#   i: (carries the second half and .whl-baselines) backward bf16/fp16 against QuACK, INT21, Liger and torch eager;
+#      forward bf16 against every baseline, QuACK autotuned per shape
+#   j: the op's and the backward template's GPU tests, on the new tables
+kf_stage="${1:?stage a to j}"
 kf_ev="/tmp/kf-ev/$kf_stage"   # everything lands here, and goes back to $OUT as archives (few files)
 mkdir -p "$kf_ev" runs
 export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
@@ -105,42 +107,45 @@ f)
     -q -p no:cacheprovider -rfE -s > "$kf_ev/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|cluster16|\{" "$kf_ev/gpu_tests.log" | tail -n 12 | cut -c1-400
   kf_pack
-  kf_run h200-bwd-ring configs/rmsnorm_bwd_ring.yaml
   kf_run h200-bwd-ring-mid configs/rmsnorm_bwd_ring.yaml -o shapes=32768x2048,32768x4096,32768x8192 \
-    -o 'dtypes=[bfloat16]' -o search.wall_clock_s=50 \
-    -o 'search.space={stages: [2, 3, 4], prefetch: [false], cluster: [1, 2]}'
+    -o search.wall_clock_s=50 -o 'search.space={stages: [2, 3, 4], prefetch: [false], cluster: [1, 2]}'
   kf_run h200-fwd-c16 configs/rmsnorm_fwd_wide.yaml -o shapes=16384x131072,8192x262144 -o search.wall_clock_s=45 \
     -o 'search.space={cluster: [8, 16], stage: [smem]}'
-  mkdir -p runs/ops
+  tail -n 2 /tmp/int21_build.log
+  ;;
+g)
+  kf_run h200-bwd-ring configs/rmsnorm_bwd_ring.yaml
+  kf_run h200-bwd-ring-fp16 configs/rmsnorm_bwd_ring.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=80
+  mkdir -p runs/ops   # ignored, so kept on the host; later stages copy the tables into kernels/ops
   kernel-factory export --problem rmsnorm_bwd h200-bwd-bf16 h200-bwd-bf16-wide h200-bwd-fp16 h200-bwd-ring \
-    h200-bwd-ring-mid --build --out runs/ops/rmsnorm_bwd.json > "$kf_ev/export-bwd.log" 2>&1
+    h200-bwd-ring-mid h200-bwd-ring-fp16 --build --out runs/ops/rmsnorm_bwd.json > "$kf_ev/export-bwd.log" 2>&1
   echo "export bwd rc=$?"
   kernel-factory export --problem rmsnorm_fwd h200-fwd-bf16 h200-fwd-bf16-wide h200-fwd-fp16 h200-fwd-fp32 \
     h200-fwd-c16 --build --out runs/ops/rmsnorm_fwd.json > "$kf_ev/export-fwd.log" 2>&1
   echo "export fwd rc=$?"
   kf_pack
-  tail -n 2 /tmp/int21_build.log
   ;;
-g)   # the ring searches again, one dtype per run (stage f's run of both ran out of GPU memory before it began)
+h)
   cp .cut1/*.half1 /tmp/
-  kf_run h200-bwd-ring configs/rmsnorm_bwd_ring.yaml
-  kf_run h200-bwd-ring-fp16 configs/rmsnorm_bwd_ring.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=80
-  kernel-factory export --problem rmsnorm_bwd h200-bwd-bf16 h200-bwd-bf16-wide h200-bwd-fp16 h200-bwd-ring \
-    h200-bwd-ring-mid h200-bwd-ring-fp16 --build --out runs/ops/rmsnorm_bwd.json > "$kf_ev/export-bwd.log" 2>&1
-  echo "export bwd rc=$?"
-  kf_pack
-  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh > /tmp/setup2.log 2>&1
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh .whl-baselines > /tmp/setup-h.log 2>&1
   kf_bench 200 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
     --baselines torch_eager,torch_compile,liger,int21
   ;;
-h)
+i)
   W=nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
   mkdir -p /tmp/cutwhl && cat "/tmp/$W.half1" ".cut2/$W.half2" > "/tmp/cutwhl/$W"
-  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh /tmp/cutwhl > /tmp/setup3.log 2>&1
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh .whl-baselines /tmp/cutwhl > /tmp/setup-i.log 2>&1
   export QUACK_FORCE_CACHE_UPDATE=1
-  python3 -c "import quack.rmsnorm, rmsnorm; print('quack and int21 import')" 2>&1 | tail -n 1
-  kf_bench 150 bwd-peers --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 \
-    --reps 20 --baselines quack,int21
-  kf_bench 380 fwd-bf16 --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes bfloat16 --reps 20
+  python3 -c "import quack.rmsnorm, rmsnorm, liger_kernel; print('quack, int21, liger import')" 2>&1 | tail -n 1
+  kf_bench 190 bwd-peers --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 \
+    --reps 20 --baselines quack,int21,liger,torch_eager
+  kf_bench 320 fwd-bf16 --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes bfloat16 --reps 20
+  ;;
+j)
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh > /tmp/setup-j.log 2>&1
+  timeout 230 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py -q \
+    -p no:cacheprovider -rfE -s > "$kf_ev/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|\{'cluster" "$kf_ev/gpu_tests.log" | tail -n 5 | cut -c1-300
+  kf_pack
   ;;
 esac
