@@ -148,11 +148,6 @@ rmsnorm_bwd_dw(const float* __restrict__ partial, float* __restrict__ dw, int P,
   else sum_columns<1>(partial, dw, P, N, qx, red);
 }
 
-struct Args {
-  const elem_t* x; const float* w; const elem_t* dy; const float* rstd; elem_t* dx; float* partial;
-  int M, N, slots, plan;
-};
-
 // Pass 1 of one vector: sum of g * x (the row's c = rstd * that / N).
 template <int V> __device__ __forceinline__ float dot(const Pack<V>& xv, const Pack<V>& dv, const float (&wf)[V]) {
   float xf[V], df[V], s = 0.f;
@@ -189,52 +184,6 @@ template <int V> __device__ __forceinline__ void dw_add(float* dsm, float* prow,
     for (int e = 0; e < V; ++e) d[e] = df[e] * xh[e];
     red_f32<V>(prow + (size_t)v * V, d);
   }
-}
-
-template <int V> __device__ __forceinline__ void load_regs(const Args& a, int row, int gl, int nv, Pack<V> (&xs)[KV],
-                                                            Pack<V> (&ds)[KV]) {
-  if (row >= a.M) return;
-  const size_t off = (size_t)row * a.N;
-#pragma unroll
-  for (int k = 0; k < KV; ++k) {
-    const int v = gl + k * TPRC;
-    if (v < nv) {
-      xs[k] = load_pack<V>(a.x + off + (size_t)v * V);
-      ds[k] = load_pack<V>(a.dy + off + (size_t)v * V);
-    }
-  }
-}
-
-// The ring: row slot s holds, per register vector k, this thread's x and dy vectors ([s][k][x | dy][thread]).
-template <int V> __device__ __forceinline__ Pack<V>* ring_at(Pack<V>* ring, int s, int k, int t) {
-  return ring + ((s * KV + k) * 2 + t) * THREADS + threadIdx.x;
-}
-
-// Starts copying a row's register vectors into slot s (nothing past the last row), as one commit group.
-template <int V> __device__ __forceinline__ void stage_row(const Args& a, Pack<V>* ring, int row, int s, int gl,
-                                                           int nv) {
-  if (row < a.M) {
-    const size_t off = (size_t)row * a.N;
-#pragma unroll
-    for (int k = 0; k < KV; ++k) {
-      const int v = gl + k * TPRC;
-      if (v < nv) {
-        cp_async_vec(ring_at<V>(ring, s, k, 0), a.x + off + (size_t)v * V);
-        cp_async_vec(ring_at<V>(ring, s, k, 1), a.dy + off + (size_t)v * V);
-      }
-    }
-  }
-  cp_async_commit();
-}
-
-template <int V> __device__ __forceinline__ void read_slot(Pack<V>* ring, int s, int gl, int nv, Pack<V> (&xs)[KV],
-                                                           Pack<V> (&ds)[KV]) {
-#pragma unroll
-  for (int k = 0; k < KV; ++k)
-    if (gl + k * TPRC < nv) {
-      xs[k] = *ring_at<V>(ring, s, k, 0);
-      ds[k] = *ring_at<V>(ring, s, k, 1);
-    }
 }
 
 template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* red, Cluster* cl, float* dsm_all,

@@ -1,6 +1,7 @@
 // Device helpers of the backward template (rmsnorm_bwd.cu), which includes this file after its genes: packed
 // vector loads and stores with the PTX the genes choose, fp32 runs of w and dw, packing, the cluster exchange of
-// row sums through DSMEM and the row reduction. The factory inlines it when it reads the template
+// row sums through DSMEM, the row reduction, and the fetch of a row's register vectors (straight into registers or
+// through the cp.async ring). The factory inlines it when it reads the template
 // (kernels/templates.py), so candidates compile without an include path and every line counts in their hash.
 // Raw bits of V elements: a whole vector, or one element in the low bits of a word.
 template <int V> struct Pack { unsigned int w[V == 1 ? 1 : WORDS]; };
@@ -234,3 +235,57 @@ __device__ __forceinline__ float row_sum(float v, float* red, Cluster* cl, int g
   return v;
 }
 // ---- KF-EDIT-END reduce ----------------------------------------------------------------------------------------
+
+// ---- a row's register vectors: straight into registers, or through the cp.async ring ---------------------------
+struct Args {   // the main kernel's arguments
+  const elem_t* x; const float* w; const elem_t* dy; const float* rstd; elem_t* dx; float* partial;
+  int M, N, slots, plan;
+};
+
+// Loads a row's register vectors into registers (nothing past the last row).
+template <int V> __device__ __forceinline__ void load_regs(const Args& a, int row, int gl, int nv, Pack<V> (&xs)[KV],
+                                                            Pack<V> (&ds)[KV]) {
+  if (row >= a.M) return;
+  const size_t off = (size_t)row * a.N;
+#pragma unroll
+  for (int k = 0; k < KV; ++k) {
+    const int v = gl + k * TPRC;
+    if (v < nv) {
+      xs[k] = load_pack<V>(a.x + off + (size_t)v * V);
+      ds[k] = load_pack<V>(a.dy + off + (size_t)v * V);
+    }
+  }
+}
+
+// The ring: row slot s holds, per register vector k, this thread's x and dy vectors ([s][k][x | dy][thread]).
+template <int V> __device__ __forceinline__ Pack<V>* ring_at(Pack<V>* ring, int s, int k, int t) {
+  return ring + ((s * KV + k) * 2 + t) * THREADS + threadIdx.x;
+}
+
+// Starts copying a row's register vectors into slot s (nothing past the last row), as one commit group.
+template <int V> __device__ __forceinline__ void stage_row(const Args& a, Pack<V>* ring, int row, int s, int gl,
+                                                           int nv) {
+  if (row < a.M) {
+    const size_t off = (size_t)row * a.N;
+#pragma unroll
+    for (int k = 0; k < KV; ++k) {
+      const int v = gl + k * TPRC;
+      if (v < nv) {
+        cp_async_vec(ring_at<V>(ring, s, k, 0), a.x + off + (size_t)v * V);
+        cp_async_vec(ring_at<V>(ring, s, k, 1), a.dy + off + (size_t)v * V);
+      }
+    }
+  }
+  cp_async_commit();
+}
+
+// This thread's register vectors of the row in slot s, once its copies have landed.
+template <int V> __device__ __forceinline__ void read_slot(Pack<V>* ring, int s, int gl, int nv, Pack<V> (&xs)[KV],
+                                                           Pack<V> (&ds)[KV]) {
+#pragma unroll
+  for (int k = 0; k < KV; ++k)
+    if (gl + k * TPRC < nv) {
+      xs[k] = *ring_at<V>(ring, s, k, 0);
+      ds[k] = *ring_at<V>(ring, s, k, 1);
+    }
+}
