@@ -1,5 +1,5 @@
 """Small evaluator pieces on the CPU: timing summaries, the throughput figure, recordings of a grown gene space,
-and restricted spaces."""
+restricted spaces, the launcher's kernel attributes, and the GPU worker's setup errors."""
 import pytest
 
 from kernel_factory.evo.evaluate import measure, recording
@@ -72,3 +72,49 @@ def test_clusters_above_eight_ctas_are_allowed_once_per_kernel(monkeypatch):
         module.allow_cluster(name, cluster)
     wide = "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED"
     assert calls == [("K", wide, 1), ("D", wide, 1)]
+
+
+def test_cases_that_do_not_fit_in_gpu_memory_are_a_clear_setup_error():
+    """A worker holds every benchmark case's inputs at once; when the third of four does not fit, the error says
+    what fitted and what to change (a run of ten wide cases once failed here with an allocator traceback)."""
+    import torch
+    from types import SimpleNamespace
+    from kernel_factory.evo.evaluate import worker
+    from kernel_factory.evo.types import Case
+    cases = [Case((32768, 65536), dt) for dt in ("bfloat16", "float16")] + [Case((8192, 262144), "bfloat16"),
+                                                                           Case((8192, 262144), "float16")]
+    made = []
+
+    def pool(case):
+        if len(made) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        made.append(case)
+        return SimpleNamespace(nbytes=3 * 2**30)
+    with pytest.raises(worker.SetupError) as err:
+        worker.allocate_pools(pool, cases, 140 * 2**30)
+    text = str(err.value)
+    assert "4 benchmark cases" in text and "2 fitted (6.0 GiB of inputs)" in text
+    assert "bfloat16:8192x262144 did not (140 GiB on the GPU)" in text and "-o 'dtypes=[bfloat16]'" in text
+
+
+def test_a_setup_error_reaches_the_parent_as_its_message_alone(monkeypatch):
+    from kernel_factory.evo.evaluate import worker
+
+    class Conn:
+        def __init__(self):
+            self.sent, self.inbox = [], [{"op": "setup"}]
+
+        def recv(self):
+            if not self.inbox:
+                raise EOFError
+            return self.inbox.pop(0)
+
+        def send(self, msg):
+            self.sent.append(msg)
+
+    def start(msg):
+        raise worker.SetupError("the input sets do not fit")
+    monkeypatch.setattr(worker, "start", start)
+    conn = Conn()
+    worker.serve(conn)
+    assert conn.sent == [{"op": "error", "message": "the input sets do not fit"}]

@@ -32,6 +32,10 @@ class Fatal(Exception):
     """The CUDA context is poisoned: report, then exit so the parent can restart a clean worker."""
 
 
+class SetupError(Exception):
+    """The worker cannot start for a reason the user can act on: reported as its message, without a traceback."""
+
+
 class Rejected(Exception):
     """A failure that is the candidate's fault and leaves the context usable (wrong answer, launch refused)."""
 
@@ -51,6 +55,23 @@ class Pool:
                                  if size < ROTATE_BELOW_BYTES else [])
         self.guarded = gate.Guarded(problem.make_outputs(case, "cuda"), torch.Generator("cuda").manual_seed(7))
         self.checksums = [checksum(i) for i in self.inputs]
+        self.nbytes = size * len(self.inputs)
+
+
+def allocate_pools(pool: Any, cases: Sequence[Case], gpu_bytes: int) -> None:
+    """Make every benchmark case's pool up front (`pool(case)` -> Pool). A worker holds them all at once, so too
+    many wide cases run out of GPU memory: that is a SetupError saying what fitted and what to change."""
+    import torch
+    held = 0
+    for i, case in enumerate(cases):
+        try:
+            held += pool(case).nbytes
+        except torch.OutOfMemoryError as exc:
+            raise SetupError(
+                f"the input sets of the run's {len(cases)} benchmark cases do not fit in GPU memory together: "
+                f"{i} fitted ({held / 2**30:.1f} GiB of inputs), {case.key} did not ({gpu_bytes / 2**30:.0f} GiB "
+                f"on the GPU). Measure fewer or narrower cases per run: one dtype per run (-o 'dtypes=[bfloat16]') "
+                f"or fewer shapes (-o shapes=MxN,...)") from exc
 
 
 def checksum(inputs: Mapping[str, Any]) -> dict[str, int]:
@@ -242,8 +263,7 @@ def run_timed(timer: measure.Timer, fns) -> measure.Timing:
 def start(msg: Mapping[str, Any]) -> tuple[Bench, dict[str, Any]]:
     """Set up, measure copy bandwidth and the baseline, then prove the setup with a known-good kernel."""
     bench = Bench(msg)
-    for case in bench.bench_cases:
-        bench.pool(case)
+    allocate_pools(bench.pool, bench.bench_cases, bench.torch.cuda.get_device_properties(0).total_memory)
     before = measure.clocks()
     bench.copy_gbps = msg.get("copy_gbps") or measure.copy_bandwidth_gbps(bench.timer)
     baseline = msg.get("baseline_us") or bench.baseline_times()
@@ -270,6 +290,9 @@ def serve(conn) -> None:
             try:
                 bench, ready = start(msg)
                 conn.send(ready)
+            except SetupError as exc:
+                conn.send({"op": "error", "message": str(exc)})
+                return
             except Exception:
                 conn.send({"op": "error", "message": traceback.format_exc()[-4000:]})
                 return
