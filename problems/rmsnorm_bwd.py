@@ -169,8 +169,8 @@ def plan(g: Mapping[str, GeneValue], m: int, n: int, dtype: str, aligned: bool =
     else:
         flags, shared = PLAN_DW_GLOBAL, ring
     cap = scratch_rows(m, n) // (rows if flags == PLAN_DW_GLOBAL else 1)
-    resident = RESIDENT_CLUSTERS.get(cluster, SMS // cluster) * int(g["ctas_per_sm"])
-    slots = max(1, min(-(-m // rows), SMS * int(g["ctas_per_sm"]) // cluster, resident, cap))
+    resident = RESIDENT_CLUSTERS.get(cluster, SMS // cluster) * int(g["ctas_per_sm"])   # clusters that fit at once
+    slots = max(1, min(-(-m // rows), resident, cap))
     partial_rows = slots * rows if flags == PLAN_DW_GLOBAL else slots
     dw_width = 4 if n % 4 == 0 and aligned else 1
     columns = -(-n // dw_width)
