@@ -21,7 +21,8 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 SMS = 132
 REGS_PER_SM = 65536
 THREADS_PER_SM = 2048
-MIN_THREADS_PER_SM = 512           # below 16 warps per SM a persistent memory-bound grid starves
+MIN_THREADS_PER_SM = 512           # below 16 warps per SM a persistent memory-bound grid starves, unless ...
+MIN_RING_THREADS_PER_SM = 128      # ... cp.async keeps the bytes in flight (stages > 0): then 4 warps will do
 MAX_SMEM_PER_CTA = 227 * 1024      # sm_90: static + dynamic shared memory of one CTA (dynamic above 48 KB opt-in)
 SMEM_PER_SM = 228 * 1024           # sm_90: shared memory of an SM, 1 KB of it reserved per resident CTA
 MAX_STATIC_SMEM = 48 * 1024
@@ -35,7 +36,7 @@ SCRATCH_BYTES = 256 * 2**20
 DW_THREADS = 256                   # the template's rmsnorm_bwd_dw block
 PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL = 1, 2, 4   # the template's PLAN_* flags
 BASE_REGS = 28                     # registers besides the slots and one vector's unpacked temporaries
-RING_REGS = 20                     # more with a cp.async ring: slot addresses, and both passes' loads from it
+RING_REGS = 16                     # more with a cp.async ring: slot addresses, and both passes' loads from it
 # A cluster's CTAs share one GPC, and the H200's GPCs hold different numbers of SMs, so fewer than SMS // cluster
 # clusters of 4 or more are resident at once: with one CTA per SM, the driver counts 30 of 4, 15 of 8 and 7 of 16
 # (cuOccupancyMaxActiveClusters, tests/gpu). A persistent grid launches no more clusters than are resident (times
@@ -79,12 +80,14 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
         return f"threads={threads} / rows_per_cta={rows} must give whole warps per row"
     if per_sm > THREADS_PER_SM:
         return f"{g['ctas_per_sm']} CTAs of {threads} threads exceed the {THREADS_PER_SM} threads of an SM"
-    if per_sm < MIN_THREADS_PER_SM:
+    ring = int(g["stages"]) > 0
+    if per_sm < (MIN_RING_THREADS_PER_SM if ring else MIN_THREADS_PER_SM):
         return f"{per_sm} threads per SM ({g['ctas_per_sm']} x {threads}) cannot keep a persistent grid busy"
     if rows > 1 and tpr > 128:
         return f"rows of {tpr} threads: a row of more than four warps takes a CTA of its own"
-    if cluster > 1 and (rows != 1 or threads < 512):
-        return f"cluster={cluster} shares one row among CTAs: needs rows_per_cta=1 and threads >= 512"
+    if cluster > 1 and (rows != 1 or threads < (128 if ring else 512)):
+        return (f"cluster={cluster} shares one row among CTAs: needs rows_per_cta=1 and threads >= 512 "
+                f"(128 with a ring)")
     if g["reduce"] == "smem" and tpr == 32:
         return "a one-warp row sums with shuffles; reduce=smem is for rows of several warps"
     if static_smem(g) > MAX_STATIC_SMEM:
@@ -109,7 +112,7 @@ SPACE = GeneSpace(
         Gene("load", ("plain", "nc", "nc_na"), "nc", kind="ptx",
              doc="x and dy: ld.global | ld.global.nc | ld.global.nc.L1::no_allocate"),
         Gene("store", ("plain", "cs"), "plain", kind="ptx", doc="dx: st.global | st.global.cs"),
-        Gene("reg_vecs", (1, 2, 4), 2, doc="vectors per thread whose x, dy (and w, dw) stay in registers"),
+        Gene("reg_vecs", (1, 2, 4, 8), 2, doc="vectors per thread whose x, dy (and w, dw) stay in registers"),
         Gene("dw_acc", ("regs", "smem"), "regs",
              doc="dw partials of the register vectors in registers | all in shared memory (global when too wide)"),
         Gene("ctas_per_sm", (1, 2, 4), 2, doc="persistent grid: CTAs per SM (also the launch bound's minimum)"),
@@ -153,7 +156,8 @@ class Plan:
 
 def plan(g: Mapping[str, GeneValue], m: int, n: int, dtype: str, aligned: bool = True) -> Plan:
     """The launch plan: the vector path where N and the pointers allow it; dw partials in registers when the
-    register vectors cover the row (one row group), else in shared memory when it holds them, else in global memory;
+    register vectors cover the row (one row group), else in shared memory when it holds them for ctas_per_sm CTAs
+    per SM (more would leave CTAs of the persistent grid for a second wave), else in global memory;
     a persistent grid of ctas_per_sm CTAs per SM (fewer when M or the scratch is smaller)."""
     threads, rows, cluster = int(g["threads"]), int(g["rows_per_cta"]), int(g["cluster"])
     tpr = threads // rows
@@ -162,9 +166,10 @@ def plan(g: Mapping[str, GeneValue], m: int, n: int, dtype: str, aligned: bool =
     width = vec if vector else 1
     vecs_per_thread = -(-(n // width) // (tpr * cluster))
     smem, ring = rows * vecs_per_thread * width * tpr * 4, ring_bytes(g)
+    own = static_smem(g) + SMEM_SLACK + ring + smem   # per CTA, with the partials in shared memory
     if g["dw_acc"] == "regs" and rows == 1 and vecs_per_thread <= int(g["reg_vecs"]):
         flags, shared = 0, ring
-    elif static_smem(g) + SMEM_SLACK + ring + smem <= MAX_SMEM_PER_CTA:
+    elif own <= MAX_SMEM_PER_CTA and int(g["ctas_per_sm"]) * (own + 1024) <= SMEM_PER_SM:
         flags, shared = PLAN_DW_SMEM, ring + smem
     else:
         flags, shared = PLAN_DW_GLOBAL, ring

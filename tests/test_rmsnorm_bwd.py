@@ -26,7 +26,9 @@ SPREAD = [dict(), dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, v
           dict(threads=512, rows_per_cta=4, ctas_per_sm=1, reg_vecs=4, vec_bytes=8, reduce="smem"),
           dict(threads=512, cluster=16, ctas_per_sm=1, reg_vecs=4, stages=2, prefetch=False, dw_acc="smem"),
           dict(threads=256, ctas_per_sm=2, reg_vecs=2, stages=3, prefetch=False),
-          dict(threads=512, cluster=8, ctas_per_sm=1, reg_vecs=2, stages=4, prefetch=False, vec_bytes=8)]
+          dict(threads=512, cluster=8, ctas_per_sm=1, reg_vecs=2, stages=4, prefetch=False, vec_bytes=8),
+          dict(threads=256, cluster=16, ctas_per_sm=1, reg_vecs=8, stages=2, prefetch=False),
+          dict(threads=128, cluster=2, ctas_per_sm=1, reg_vecs=8, stages=3, prefetch=False, dw_acc="smem")]
 
 
 def genes(**kw):
@@ -54,7 +56,7 @@ def test_registered_with_the_public_matrix():
 
 def test_space_is_a_few_thousand_and_every_value_is_reachable():
     feasible = list(P.space.enumerate())
-    assert 300 <= len(feasible) <= 20000, len(feasible)
+    assert 300 <= len(feasible) <= 30000, len(feasible)
     for gene in P.space.genes:
         assert {g[gene.name] for g in feasible} == set(gene.choices), gene.name
     taken = {(k, genes(**kw)[k]) for kw in SPREAD for k in DEFAULT}
@@ -68,6 +70,10 @@ def test_space_is_a_few_thousand_and_every_value_is_reachable():
     (dict(threads=512, rows_per_cta=2), "CTA of its own"),
     (dict(cluster=2, threads=512, rows_per_cta=4), "rows_per_cta=1"),
     (dict(cluster=4, threads=256), "threads >= 512"),
+    (dict(cluster=4, threads=128, ctas_per_sm=4, stages=2, prefetch=False, reg_vecs=1, rows_per_cta=4), "rows_per_cta=1"),
+    (dict(threads=128, ctas_per_sm=1, reg_vecs=1), "persistent grid busy"),   # a ring would allow 4 warps per SM
+    (dict(threads=256, ctas_per_sm=2, reg_vecs=8, prefetch=False), "registers"),
+    (dict(threads=256, ctas_per_sm=2, reg_vecs=8, stages=2, prefetch=False, vec_bytes=8), "registers"),
     (dict(threads=256, rows_per_cta=8, reduce="smem"), "shuffles"),
     (dict(threads=1024, ctas_per_sm=1, reg_vecs=4), "registers"),
     (dict(threads=256, ctas_per_sm=4, reg_vecs=1, prefetch=True), "registers"),
@@ -212,6 +218,15 @@ def test_plans_pick_registers_shared_or_global_partials():
     g = genes(threads=256, rows_per_cta=8, ctas_per_sm=4, reg_vecs=1, prefetch=False, dw_acc="smem")
     p = mod.plan(g, 8192, 262144, "bfloat16")
     assert p.flags == glob and p.slots == 32 and p.partial_rows == 256 == mod.scratch_rows(8192, 262144)
+    # a whole row of 262144 on chip: 16 CTAs x 256 threads x 8 vectors, through a ring of two row slots
+    whole = genes(threads=256, cluster=16, ctas_per_sm=1, reg_vecs=8, stages=2, prefetch=False)
+    p = mod.plan(whole, 8192, 262144, "bfloat16")
+    assert p.flags == regs and p.shared_bytes == 2 * 8 * 2 * 256 * 16 and p.slots == 7
+    # dw partials in shared memory only where ctas_per_sm CTAs still fit on an SM (else a second wave)
+    two = genes(threads=256, cluster=16, ctas_per_sm=2, reg_vecs=4, stages=2, prefetch=False, dw_acc="smem")
+    fits, over = mod.plan(two, 16384, 131072, "bfloat16"), mod.plan(two, 8192, 262144, "bfloat16")
+    assert fits.flags == smem and 2 * (fits.shared_bytes + 2048) <= mod.SMEM_PER_SM
+    assert over.flags == glob and over.shared_bytes == mod.ring_bytes(two) and over.slots == 14
     assert mod.plan(DEFAULT, 5, 33, "bfloat16").flags & mod.PLAN_VECTOR == 0
     assert mod.plan(DEFAULT, 5, 64, "bfloat16", aligned=False).flags & mod.PLAN_VECTOR == 0
 

@@ -24,7 +24,14 @@
 #   i: (carries the second half and .whl-baselines) backward bf16/fp16 against QuACK, INT21, Liger and torch eager;
 #      forward bf16 against every baseline, QuACK autotuned per shape
 #   j: the op's and the backward template's GPU tests, on the new tables
-kf_stage="${1:?stage a to j}"
+#
+# Stages k to m are the fifth session's (runs/evidence/h200-2026-11-30e; its README says how each call went):
+#   k: setup (INT21's build in the background); backward searches with whole rows on chip (rings of up to eight
+#      16-byte vectors per thread, CTAs of 4 to 16 warps), one per dtype; the backward table exported
+#   l: a backward fp16 search of the mid rows, seeded from the table (the bf16 winners among them); the table
+#      exported again; backward bf16/fp16 against INT21, Liger and torch eager
+#   m: the op's and the backward template's GPU tests, on the new table
+kf_stage="${1:?stage a to m}"
 kf_ev="/tmp/kf-ev/$kf_stage"   # everything lands here, and goes back to $OUT as archives (few files)
 mkdir -p "$kf_ev" runs
 export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
@@ -43,6 +50,14 @@ kf_bench() {  # seconds, stem, bench arguments...
   timeout "$limit" kernel-factory bench "$@" --out "$kf_ev" --stem "$stem" > "$kf_ev/bench-$stem.log" 2>&1
   echo "bench $stem: rc=$?"
   grep -E "^\| (bfloat16|float16|float32)|Geomean|Repeat" "$kf_ev/$stem.md" 2>/dev/null | cut -c1-160
+  kf_pack
+}
+kf_export_bwd() {  # the backward table from every backward run on the host (more run ids: extra arguments)
+  mkdir -p runs/ops   # ignored, so kept on the host; later stages copy the tables into kernels/ops
+  timeout 150 kernel-factory export --problem rmsnorm_bwd h200-bwd-bf16 h200-bwd-bf16-wide h200-bwd-fp16 \
+    h200-bwd-ring h200-bwd-ring-mid h200-bwd-ring-fp16 h200-bwd-ring-row h200-bwd-ring-row-fp16 "$@" --build \
+    --out runs/ops/rmsnorm_bwd.json > "$kf_ev/export-bwd.log" 2>&1
+  echo "export bwd rc=$?"; tail -n 3 "$kf_ev/export-bwd.log"
   kf_pack
 }
 WIDE_BWD=32768x16384,32768x32768,32768x65536,16384x131072,8192x262144
@@ -146,6 +161,34 @@ j)
   timeout 230 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py -q \
     -p no:cacheprovider -rfE -s > "$kf_ev/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|\{'cluster" "$kf_ev/gpu_tests.log" | tail -n 5 | cut -c1-300
+  kf_pack
+  ;;
+k)
+  for d in runs/evidence/h200-2026-11-30[bcd]/runs/h200-*; do   # the earlier runs: warm starts and the export
+    mkdir -p "runs/${d##*/}" && gunzip -c "$d/journal.jsonl.gz" > "runs/${d##*/}/journal.jsonl"
+  done
+  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
+    > /tmp/int21_build.log 2>&1 &)
+  kf_run h200-bwd-ring-row configs/rmsnorm_bwd_ring_row.yaml
+  kf_run h200-bwd-ring-row-fp16 configs/rmsnorm_bwd_ring_row.yaml -o 'dtypes=[float16]'
+  kf_export_bwd
+  tail -n 2 /tmp/int21_build.log
+  ;;
+l)
+  kf_run h200-bwd-mid-fp16 configs/rmsnorm_bwd_pershape.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=90 \
+    -o shapes=32768x2048,32768x4096,32768x8192,32768x16384 -o search.seeds_from=runs/ops/rmsnorm_bwd.json
+  kf_export_bwd h200-bwd-mid-fp16
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh .whl-baselines > /tmp/setup-l.log 2>&1
+  python3 -c "import rmsnorm, liger_kernel; print('int21 and liger import')" 2>&1 | tail -n 1
+  kf_bench 200 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
+    --baselines int21,liger,torch_eager
+  ;;
+m)
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh > /tmp/setup-m.log 2>&1
+  timeout 300 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py -q \
+    -p no:cacheprovider -rfE -s > "$kf_ev/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|\{'cluster|^ring_row|^genome" "$kf_ev/gpu_tests.log" | tail -n 12 \
+    | cut -c1-300
   kf_pack
   ;;
 esac

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 DTYPES = ("bfloat16", "float16", "float32")
 # Every placement of dw (registers, shared, global), warp-per-row and multi-warp rows, clusters of 2 to 16, both
 # vector widths, every load and store flavour, both reductions, with and without prefetch, cp.async rings of 2 to 4
-# row slots.
+# row slots (some holding whole rows, in CTAs of 4 or 8 warps).
 CORNERS = {
     "warp_rows_vec8": dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, vec_bytes=8),
     "warp_rows_plain": dict(threads=256, rows_per_cta=8, ctas_per_sm=4, reg_vecs=1, prefetch=False, load="plain",
@@ -38,6 +38,12 @@ CORNERS = {
     "ring4_cluster8_vec8": dict(threads=512, cluster=8, ctas_per_sm=1, reg_vecs=2, stages=4, prefetch=False,
                                 vec_bytes=8),
     "ring2_warp_rows": dict(threads=256, rows_per_cta=8, ctas_per_sm=2, reg_vecs=1, stages=2, prefetch=False),
+    # whole rows on chip: 8 vectors of x and dy per thread through the ring, CTAs of 4 or 8 warps
+    "ring_row_c16": dict(threads=256, cluster=16, ctas_per_sm=1, reg_vecs=8, stages=2, prefetch=False),
+    "ring_row_c16_cta2": dict(threads=256, cluster=16, ctas_per_sm=2, reg_vecs=4, stages=2, prefetch=False,
+                              dw_acc="smem"),
+    "ring_row_c2_128": dict(threads=128, cluster=2, ctas_per_sm=1, reg_vecs=8, stages=3, prefetch=False,
+                            dw_acc="smem"),
 }
 WIDE = [Case((32768, 1024), "bfloat16"), Case((16384, 131072), "float16"), Case((8192, 262144), "bfloat16")]
 TIMED = [Case((32768, 1024), "bfloat16"), Case((32768, 16384), "bfloat16"), Case((8192, 262144), "bfloat16"),
@@ -125,7 +131,7 @@ def test_every_genome_passes_the_gate_on_odd_and_held_out_shapes(built, bench, d
 def test_corners_pass_the_gate_on_benchmark_rows(built, bench, case):
     rng = random.Random(8)
     names = ["default", "warp_rows_vec8", "cluster8_1024", "cluster8_512_kv4", "rows4_smem_tree", "ring2_cluster16",
-             "ring4_cluster16_kv2", "ring3_cta2"]
+             "ring4_cluster16_kv2", "ring3_cta2", "ring_row_c16", "ring_row_c16_cta2", "ring_row_c2_128"]
     failures = [f"{n}: {bad[:300]}" for n in names
                 if (bad := gate(bench, module(built[n][1][case.dtype]), built[n][0], case, rng))]
     assert not failures, "\n".join(failures)
@@ -159,7 +165,8 @@ def test_persistent_clusters_fit_on_the_gpu_at_once(built):
     device = Device(0)
     device.set_current()
     seen = {}
-    for name in ("cluster2_smem_dw", "cluster4_na_cs", "cluster8_1024", "ring2_cluster16", "ring4_cluster16_kv2"):
+    for name in ("cluster2_smem_dw", "cluster4_na_cs", "cluster8_1024", "ring2_cluster16", "ring4_cluster16_kv2",
+                 "ring_row_c16", "ring_row_c16_cta2"):
         g, cubins = built[name]
         m = module(cubins["bfloat16"])
         p = mod.plan(g, 8192, 262144, "bfloat16")
