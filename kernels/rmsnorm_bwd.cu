@@ -37,6 +37,8 @@
 #define DW_ACC_SMEM 1     // every dw partial where the plan says (shared memory, else global memory)
 #define REDUCE_SHFL 0     // shfl.sync.bfly butterfly in each warp, then one shared-memory step across warps
 #define REDUCE_SMEM 1     // shared-memory tree over the row's threads
+#define CLUSTER_SUM_CTA 0    // a cluster's row sum: the CTA's sum (after a CTA barrier) to every CTA, from thread 0
+#define CLUSTER_SUM_WARPS 1  // every warp's sum to every CTA, a lane per CTA (no CTA barrier); summed in each warp
 // Flags of the launch plan (the kernel's `plan` argument).
 #define PLAN_VECTOR 1     // N % VEC == 0 and every pointer aligned: vector accesses, else one element at a time
 #define PLAN_DW_SMEM 2    // dw partials not in registers go to dynamic shared memory
@@ -76,6 +78,9 @@
 #ifndef REDUCE
 #define REDUCE REDUCE_SHFL
 #endif
+#ifndef CLUSTER_SUM
+#define CLUSTER_SUM CLUSTER_SUM_CTA
+#endif
 #ifndef PREFETCH
 #define PREFETCH 1
 #endif
@@ -100,6 +105,7 @@ static_assert(THREADS % ROWS_PER_CTA == 0 && TPR % 32 == 0, "a row needs whole w
 static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
 static_assert(CLUSTER == 1 || (ROWS_PER_CTA == 1 && TPR > 32), "a cluster shares one row of several warps a CTA");
 static_assert(CLUSTER <= 16, "clusters of up to 16 CTAs (above 8: non-portable, allowed by the launcher)");
+static_assert(CLUSTER_SUM == CLUSTER_SUM_CTA || (CLUSTER > 1 && REDUCE == REDUCE_SHFL), "warp sums need shuffles");
 static_assert(STAGES == 0 || (STAGES >= 2 && !PREFETCH), "a ring of 2 or more row slots, which replaces PREFETCH");
 // Bytes of the cp.async ring at the start of dynamic shared memory (dw partials, where in shared memory, follow).
 constexpr int RING_BYTES = STAGES * KV * 2 * THREADS * VEC_BYTES;

@@ -142,7 +142,15 @@ template <int V> __device__ __forceinline__ Pack<V> pack(const float (&f)[V]) {
 // A row's sum crosses the cluster through DSMEM: thread 0 of every CTA pushes its CTA's sum into slot [p][rank] of
 // each CTA with st.async, which completes on that CTA's mbarrier [p] (CLUSTER * 4 bytes a row); p alternates by
 // row. No thread waits for its own global stores, as a release barrier.cluster would make it do every row.
-struct Cluster { unsigned long long bar[2]; float slot[2][CLUSTER]; };
+// CLUSTER_SUM=warps skips the CTA barrier: lane r of every warp pushes the warp's sum into slot [p][warp][rank] of
+// CTA r, and each warp adds up all PUSHERS * CLUSTER slots itself, in a fixed order. Two slots suffice: no CTA can
+// push row it + 2 before every warp of the cluster has pushed row it + 1, which each does after reading row it.
+#if CLUSTER_SUM == CLUSTER_SUM_WARPS
+constexpr int PUSHERS = THREADS / 32;
+#else
+constexpr int PUSHERS = 1;
+#endif
+struct Cluster { unsigned long long bar[2]; float slot[2][PUSHERS * CLUSTER]; };
 
 __device__ __forceinline__ unsigned int smem_addr(const void* p) { return (unsigned int)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ unsigned int peer(const void* p, int rank) {   // p's twin in CTA `rank` of the cluster
@@ -170,6 +178,27 @@ __device__ __forceinline__ void cluster_start(Cluster& c) {
   }
   cluster_sync();                              // every CTA runs, its barriers set, before the first push
 }
+#if CLUSTER_SUM == CLUSTER_SUM_WARPS
+// This lane's share of the row's sum: the slots lane, lane + 32, ... once every warp of the cluster has pushed.
+// The wait acquires at CTA scope: the slots are this CTA's shared memory, so no L1 lines need invalidating.
+__device__ __forceinline__ float cluster_share(float v, Cluster& c, int it) {
+  const int p = it & 1, rank = cluster_id(0), lane = threadIdx.x & 31;
+  if (threadIdx.x == 0)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(smem_addr(&c.bar[p])), "n"(PUSHERS * CLUSTER * 4) : "memory");
+  if (lane < CLUSTER)
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 :: "r"(peer(&c.slot[p][(threadIdx.x >> 5) * CLUSTER + rank], lane)), "r"(__float_as_uint(v)),
+                    "r"(peer(&c.bar[p], lane)) : "memory");
+  asm volatile("{\n\t.reg .pred done;\n\tWAIT_%=:\n\t"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t@!done bra WAIT_%=;\n\t}"
+               :: "r"(smem_addr(&c.bar[p])), "r"((it >> 1) & 1) : "memory");
+  v = 0.f;
+#pragma unroll
+  for (int i = lane; i < PUSHERS * CLUSTER; i += 32) v += c.slot[p][i];
+  return v;
+}
+#endif
 __device__ __forceinline__ float cluster_sum(float v, Cluster& c, int it) {
   const int p = it & 1, rank = cluster_id(0);
   if (threadIdx.x == 0) {
@@ -211,6 +240,12 @@ __device__ __forceinline__ float row_sum(float v, float* red, Cluster* cl, int g
 #if REDUCE == REDUCE_SHFL
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) v += shfl_bfly(v, m);
+#if CLUSTER_SUM == CLUSTER_SUM_WARPS
+  v = cluster_share(v, *cl, it);
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += shfl_bfly(v, m);   // xor pairs add alike: every lane gets the same sum
+  return v;
+#endif
   if constexpr (TPR > 32) {
     constexpr int WPR = TPR / 32;
     if ((lane & 31) == 0) red[grp * WPR + (lane >> 5)] = v;

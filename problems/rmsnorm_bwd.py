@@ -60,10 +60,12 @@ def register_limit(g: Mapping[str, GeneValue]) -> int:
 
 def static_smem(g: Mapping[str, GeneValue]) -> int:
     """Bytes of static shared memory the main kernel declares: two alternating reduction buffers, and with a
-    cluster two mbarriers and two rows of CLUSTER exchange slots."""
+    cluster two mbarriers and two rows of CLUSTER exchange slots (per warp with cluster_sum=warps)."""
     threads, cluster, tpr = int(g["threads"]), int(g["cluster"]), int(g["threads"]) // int(g["rows_per_cta"])
-    red = threads if g["reduce"] == "smem" else 0 if tpr == 32 else threads // 32   # a one-warp row shuffles only
-    return 4 * 2 * red + (16 + 8 * cluster if cluster > 1 else 0)
+    warps = g["cluster_sum"] == "warps"   # every warp's sum crosses the cluster: no CTA step, a slot per warp
+    # a one-warp row, or warps pushing their sums across the cluster, shuffle only
+    red = threads if g["reduce"] == "smem" else 0 if tpr == 32 or warps else threads // 32
+    return 4 * 2 * red + (16 + 8 * cluster * (threads // 32 if warps else 1) if cluster > 1 else 0)
 
 
 def ring_bytes(g: Mapping[str, GeneValue]) -> int:
@@ -88,6 +90,8 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
     if cluster > 1 and (rows != 1 or threads < (128 if ring else 512)):
         return (f"cluster={cluster} shares one row among CTAs: needs rows_per_cta=1 and threads >= 512 "
                 f"(128 with a ring)")
+    if g["cluster_sum"] == "warps" and (cluster == 1 or g["reduce"] != "shfl"):
+        return "cluster_sum=warps sends each warp's shuffled sum across a cluster: needs cluster > 1 and reduce=shfl"
     if g["reduce"] == "smem" and tpr == 32:
         return "a one-warp row sums with shuffles; reduce=smem is for rows of several warps"
     if static_smem(g) > MAX_STATIC_SMEM:
@@ -119,6 +123,9 @@ SPACE = GeneSpace(
         Gene("cluster", (1, 2, 4, 8, 16), 1,
              doc="CTAs of a thread-block cluster sharing each row (row sums via DSMEM; 16 is non-portable)"),
         Gene("reduce", ("shfl", "smem"), "shfl", kind="ptx", doc="row sum: shfl.sync.bfly butterfly | smem tree"),
+        Gene("cluster_sum", ("cta", "warps"), "cta", kind="ptx",
+             doc="a cluster's row sum: the CTA's sum, st.async from thread 0 | every warp's, st.async from a lane per "
+                 "CTA, with no CTA barrier and a CTA-scope mbarrier wait"),
         Gene("prefetch", (False, True), True, doc="load the next row's register vectors before this row's reduction"),
         Gene("stages", (0, 2, 3, 4), 0,
              doc="cp.async ring of row slots in shared memory: the register vectors of stages-1 rows ahead in flight"),

@@ -31,7 +31,11 @@
 #   l: a backward fp16 search of the mid rows, seeded from the table (the bf16 winners among them); the table
 #      exported again; backward bf16/fp16 against INT21, Liger and torch eager
 #   m: the op's and the backward template's GPU tests, on the new table
-kf_stage="${1:?stage a to m}"
+#   n: after a profile (.gpu/profile_bwd.py, not part of the project) showed the cluster's per-row exchange
+#      as the gap at N = 262144: the backward template's GPU tests with the new cluster_sum gene; the whole-row
+#      searches again, one per dtype, with cluster_sum=warps; the table exported; the op's GPU tests on it; backward
+#      bf16/fp16 against INT21, Liger and torch eager
+kf_stage="${1:?stage a to n}"
 kf_ev="/tmp/kf-ev/$kf_stage"   # everything lands here, and goes back to $OUT as archives (few files)
 mkdir -p "$kf_ev" runs
 export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
@@ -190,5 +194,29 @@ m)
   echo "gpu tests rc=$?"; grep -E "passed|failed|\{'cluster|^ring_row|^genome" "$kf_ev/gpu_tests.log" | tail -n 12 \
     | cut -c1-300
   kf_pack
+  ;;
+n)
+  for d in runs/evidence/h200-2026-11-30[bcde]/runs/h200-*; do   # every earlier run: warm starts and the export
+    mkdir -p "runs/${d##*/}" && gunzip -c "$d/journal.jsonl.gz" > "runs/${d##*/}/journal.jsonl"
+  done
+  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
+    > /tmp/int21_build.log 2>&1 &)
+  timeout 150 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_bwd_gpu.py -q -p no:cacheprovider -rfE -s \
+    > "$kf_ev/gpu_tests_bwd.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|\{'cluster|^ring_row|^cluster8_1024_w|^genome" \
+    "$kf_ev/gpu_tests_bwd.log" | tail -n 12 | cut -c1-300
+  kf_pack
+  SPACE='{stages: [2, 3, 4], prefetch: [false], cluster: [2, 4, 8, 16], rows_per_cta: [1], threads: [128, 256, 512],
+    reg_vecs: [4, 8], vec_bytes: [16], load: [nc], reduce: [shfl], cluster_sum: [warps]}'
+  kf_run h200-bwd-warps configs/rmsnorm_bwd_ring_row.yaml -o "search.space=$SPACE" -o search.wall_clock_s=90
+  kf_run h200-bwd-warps-fp16 configs/rmsnorm_bwd_ring_row.yaml -o "search.space=$SPACE" -o search.wall_clock_s=90 \
+    -o 'dtypes=[float16]'
+  kf_export_bwd h200-bwd-mid-fp16 h200-bwd-warps h200-bwd-warps-fp16
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh .whl-baselines > /tmp/setup-n.log 2>&1
+  timeout 60 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_op_gpu.py -q -p no:cacheprovider -rfE \
+    > "$kf_ev/gpu_tests_op.log" 2>&1
+  echo "op gpu tests rc=$?"; tail -n 1 "$kf_ev/gpu_tests_op.log"
+  kf_bench 150 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
+    --baselines int21,liger,torch_eager
   ;;
 esac

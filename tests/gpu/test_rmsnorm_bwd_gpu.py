@@ -44,6 +44,11 @@ CORNERS = {
                               dw_acc="smem"),
     "ring_row_c2_128": dict(threads=128, cluster=2, ctas_per_sm=1, reg_vecs=8, stages=3, prefetch=False,
                             dw_acc="smem"),
+    # every warp's sum straight across the cluster (cluster_sum=warps): 8 warps x 16 CTAs, 32 warps x 8 CTAs
+    "ring_row_c16_warps": dict(threads=256, cluster=16, ctas_per_sm=1, reg_vecs=8, stages=2, prefetch=False,
+                               cluster_sum="warps"),
+    "cluster8_1024_warps": dict(threads=1024, cluster=8, ctas_per_sm=1, reg_vecs=1, dw_acc="smem", prefetch=False,
+                                cluster_sum="warps"),
 }
 WIDE = [Case((32768, 1024), "bfloat16"), Case((16384, 131072), "float16"), Case((8192, 262144), "bfloat16")]
 TIMED = [Case((32768, 1024), "bfloat16"), Case((32768, 16384), "bfloat16"), Case((8192, 262144), "bfloat16"),
@@ -131,7 +136,8 @@ def test_every_genome_passes_the_gate_on_odd_and_held_out_shapes(built, bench, d
 def test_corners_pass_the_gate_on_benchmark_rows(built, bench, case):
     rng = random.Random(8)
     names = ["default", "warp_rows_vec8", "cluster8_1024", "cluster8_512_kv4", "rows4_smem_tree", "ring2_cluster16",
-             "ring4_cluster16_kv2", "ring3_cta2", "ring_row_c16", "ring_row_c16_cta2", "ring_row_c2_128"]
+             "ring4_cluster16_kv2", "ring3_cta2", "ring_row_c16", "ring_row_c16_cta2", "ring_row_c2_128",
+             "ring_row_c16_warps", "cluster8_1024_warps"]
     failures = [f"{n}: {bad[:300]}" for n in names
                 if (bad := gate(bench, module(built[n][1][case.dtype]), built[n][0], case, rng))]
     assert not failures, "\n".join(failures)
@@ -166,7 +172,7 @@ def test_persistent_clusters_fit_on_the_gpu_at_once(built):
     device.set_current()
     seen = {}
     for name in ("cluster2_smem_dw", "cluster4_na_cs", "cluster8_1024", "ring2_cluster16", "ring4_cluster16_kv2",
-                 "ring_row_c16", "ring_row_c16_cta2"):
+                 "ring_row_c16", "ring_row_c16_cta2", "ring_row_c16_warps"):
         g, cubins = built[name]
         m = module(cubins["bfloat16"])
         p = mod.plan(g, 8192, 262144, "bfloat16")
