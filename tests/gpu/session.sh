@@ -35,7 +35,9 @@
 #      as the gap at N = 262144: the backward template's GPU tests with the new cluster_sum gene; the whole-row
 #      searches again, one per dtype, with cluster_sum=warps; the table exported; the op's GPU tests on it; backward
 #      bf16/fp16 against INT21, Liger and torch eager
-kf_stage="${1:?stage a to n}"
+#   o: a search of the widest row alone (both dtypes) with cluster_sum=warps in CTAs of 16 or 32 warps (where the GPU
+#      test's corner of that kind was faster than the table); the table exported; the backward bench again
+kf_stage="${1:?stage a to o}"
 kf_ev="/tmp/kf-ev/$kf_stage"   # everything lands here, and goes back to $OUT as archives (few files)
 mkdir -p "$kf_ev" runs
 export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
@@ -217,6 +219,22 @@ n)
     > "$kf_ev/gpu_tests_op.log" 2>&1
   echo "op gpu tests rc=$?"; tail -n 1 "$kf_ev/gpu_tests_op.log"
   kf_bench 150 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
+    --baselines int21,liger,torch_eager
+  ;;
+o)
+  for d in runs/evidence/h200-2026-11-30[bcde]/runs/h200-*; do
+    mkdir -p "runs/${d##*/}" && gunzip -c "$d/journal.jsonl.gz" > "runs/${d##*/}/journal.jsonl"
+  done
+  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
+    > /tmp/int21_build.log 2>&1 &)
+  SPACE='{stages: [0, 2, 3, 4], prefetch: [false], cluster: [4, 8, 16], rows_per_cta: [1], threads: [512, 1024],
+    reg_vecs: [1, 2, 4], load: [nc], reduce: [shfl], cluster_sum: [warps]}'
+  kf_run h200-bwd-warps-wide configs/rmsnorm_bwd_ring_row.yaml -o "search.space=$SPACE" -o search.wall_clock_s=60 \
+    -o 'dtypes=[bfloat16, float16]' -o shapes=8192x262144
+  kf_export_bwd h200-bwd-mid-fp16 h200-bwd-warps h200-bwd-warps-fp16 h200-bwd-warps-wide
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh .whl-baselines > /tmp/setup-o.log 2>&1
+  tail -n 1 /tmp/int21_build.log
+  kf_bench 120 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
     --baselines int21,liger,torch_eager
   ;;
 esac
