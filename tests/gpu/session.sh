@@ -58,6 +58,16 @@ kf_bench() {  # seconds, stem, bench arguments...
   grep -E "^\| (bfloat16|float16|float32)|Geomean|Repeat" "$kf_ev/$stem.md" 2>/dev/null | cut -c1-160
   kf_pack
 }
+kf_restore() {  # earlier runs back under runs/ (journals gzip'd in evidence folders): warm starts and exports
+  local d
+  for d in "$@"; do
+    mkdir -p "runs/${d##*/}" && gunzip -c "$d/journal.jsonl.gz" > "runs/${d##*/}/journal.jsonl"
+  done
+}
+kf_int21() {  # INT21's JIT build, in the background, for the benches that time it later in the call
+  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
+    > /tmp/int21_build.log 2>&1 &)
+}
 kf_export_bwd() {  # the backward table from every backward run on the host (more run ids: extra arguments)
   mkdir -p runs/ops   # ignored, so kept on the host; later stages copy the tables into kernels/ops
   timeout 150 kernel-factory export --problem rmsnorm_bwd h200-bwd-bf16 h200-bwd-bf16-wide h200-bwd-fp16 \
@@ -76,8 +86,7 @@ a)
       > "runs/${d##*/}/journal.jsonl"
   done
   mkdir -p runs/heldout && cp .gpu/heldout/rmsnorm_fwd.json runs/heldout/
-  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
-    > /tmp/int21_build.log 2>&1 &)
+  kf_int21
   timeout 210 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py \
     tests/gpu/test_rmsnorm_fwd_wide_gpu.py -q -p no:cacheprovider -rfE > "$kf_ev/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"; tail -n 12 "$kf_ev/gpu_tests.log"
@@ -119,11 +128,8 @@ e)
     --reps 20 --baselines quack,int21
   ;;
 f)
-  for d in runs/evidence/h200-2026-11-30[bc]/runs/h200-*; do   # the earlier runs, for the export
-    mkdir -p "runs/${d##*/}" && gunzip -c "$d/journal.jsonl.gz" > "runs/${d##*/}/journal.jsonl"
-  done
-  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
-    > /tmp/int21_build.log 2>&1 &)
+  kf_restore runs/evidence/h200-2026-11-30[bc]/runs/h200-*
+  kf_int21
   timeout 200 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_fwd_wide_gpu.py \
     -q -p no:cacheprovider -rfE -s > "$kf_ev/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|cluster16|\{" "$kf_ev/gpu_tests.log" | tail -n 12 | cut -c1-400
@@ -170,11 +176,8 @@ j)
   kf_pack
   ;;
 k)
-  for d in runs/evidence/h200-2026-11-30[bcd]/runs/h200-*; do   # the earlier runs: warm starts and the export
-    mkdir -p "runs/${d##*/}" && gunzip -c "$d/journal.jsonl.gz" > "runs/${d##*/}/journal.jsonl"
-  done
-  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
-    > /tmp/int21_build.log 2>&1 &)
+  kf_restore runs/evidence/h200-2026-11-30[bcd]/runs/h200-*
+  kf_int21
   kf_run h200-bwd-ring-row configs/rmsnorm_bwd_ring_row.yaml
   kf_run h200-bwd-ring-row-fp16 configs/rmsnorm_bwd_ring_row.yaml -o 'dtypes=[float16]'
   kf_export_bwd
@@ -198,11 +201,8 @@ m)
   kf_pack
   ;;
 n)
-  for d in runs/evidence/h200-2026-11-30[bcde]/runs/h200-*; do   # every earlier run: warm starts and the export
-    mkdir -p "runs/${d##*/}" && gunzip -c "$d/journal.jsonl.gz" > "runs/${d##*/}/journal.jsonl"
-  done
-  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
-    > /tmp/int21_build.log 2>&1 &)
+  kf_restore runs/evidence/h200-2026-11-30[bcde]/runs/h200-*
+  kf_int21
   timeout 150 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_bwd_gpu.py -q -p no:cacheprovider -rfE -s \
     > "$kf_ev/gpu_tests_bwd.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|\{'cluster|^ring_row|^cluster8_1024_w|^genome" \
@@ -222,11 +222,8 @@ n)
     --baselines int21,liger,torch_eager
   ;;
 o)
-  for d in runs/evidence/h200-2026-11-30[bcde]/runs/h200-*; do
-    mkdir -p "runs/${d##*/}" && gunzip -c "$d/journal.jsonl.gz" > "runs/${d##*/}/journal.jsonl"
-  done
-  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
-    > /tmp/int21_build.log 2>&1 &)
+  kf_restore runs/evidence/h200-2026-11-30[bcde]/runs/h200-*
+  kf_int21
   SPACE='{stages: [0, 2, 3, 4], prefetch: [false], cluster: [4, 8, 16], rows_per_cta: [1], threads: [512, 1024],
     reg_vecs: [1, 2, 4], load: [nc], reduce: [shfl], cluster_sum: [warps]}'
   kf_run h200-bwd-warps-wide configs/rmsnorm_bwd_ring_row.yaml -o "search.space=$SPACE" -o search.wall_clock_s=60 \
