@@ -70,7 +70,8 @@ def test_space_is_tens_of_thousands_and_every_value_is_reachable():
     (dict(threads=512, rows_per_cta=2), "CTA of its own"),
     (dict(cluster=2, threads=512, rows_per_cta=4), "rows_per_cta=1"),
     (dict(cluster=4, threads=256), "threads >= 512"),
-    (dict(cluster=4, threads=128, ctas_per_sm=4, stages=2, prefetch=False, reg_vecs=1, rows_per_cta=4), "rows_per_cta=1"),
+    (dict(cluster=4, threads=128, ctas_per_sm=4, stages=2, prefetch=False, reg_vecs=1, rows_per_cta=4),
+     "rows_per_cta=1"),
     (dict(threads=128, ctas_per_sm=1, reg_vecs=1), "persistent grid busy"),   # a ring would allow 4 warps per SM
     (dict(threads=256, ctas_per_sm=2, reg_vecs=8, prefetch=False), "registers"),
     (dict(threads=256, ctas_per_sm=2, reg_vecs=8, stages=2, prefetch=False, vec_bytes=8), "registers"),
