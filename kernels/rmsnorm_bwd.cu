@@ -13,13 +13,14 @@
 // Layout: TPRC = CLUSTER * THREADS / ROWS_PER_CTA threads share a row; thread gl = rank * TPR + lane owns vectors
 // v = gl + k * TPRC (k = 0 .. K-1) of every row, so its dw columns never change. Its vectors k < REG_VECS keep x
 // and dy in registers between the two passes (the next row's too, with PREFETCH) and w for the whole kernel; later
-// vectors are read twice (the second time mostly from L2). With STAGES > 0 (vector path), the register vectors of
-// the next STAGES - 1 rows are in flight at once: cp.async copies them into a ring of STAGES row slots in dynamic
-// shared memory, private to each thread (slot [stage][k][x | dy][thread]), so that only cp.async.wait_group orders
-// them and no barrier is needed; both passes read them there (x and dy take no registers across the row sum), and
-// PREFETCH is off. dw partials of vector k stay in registers (DW_ACC=regs,
-// k < REG_VECS) or go where the plan's flags say: dynamic shared memory (a region per row group, combined at the
-// end) or a partial row in global memory. The flags also pick the vector path (N % VEC == 0, aligned pointers) or
+// vectors are streamed: read twice (the second time mostly from L2), STREAM_BATCH at a time, their loads issued
+// together before any of their math so that each thread has that many in flight. With STAGES > 0 (vector path),
+// the register vectors of the next STAGES - 1 rows are in flight at once: cp.async copies them into a ring of
+// STAGES row slots in dynamic shared memory, private to each thread (slot [stage][k][x | dy][thread]), so that only
+// cp.async.wait_group orders them and no barrier is needed; both passes read them there (x and dy take no registers
+// across the row sum), and PREFETCH is off. dw partials of vector k stay in registers (DW_ACC=regs, k < REG_VECS)
+// or go where the plan's flags say: dynamic shared memory (a region per row group, combined at the end) or a
+// partial row in global memory. The flags also pick the vector path (N % VEC == 0, aligned pointers) or
 // one element at a time, so that any (M, N) is correct.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -87,6 +88,9 @@
 #ifndef STAGES
 #define STAGES 0
 #endif
+#ifndef STREAM_BATCH
+#define STREAM_BATCH 1
+#endif
 
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;
@@ -101,6 +105,7 @@ constexpr int TPRC = TPR * CLUSTER;                           // threads per row
 constexpr int VEC = VEC_BYTES / (int)sizeof(elem_t);          // elements per vector access
 constexpr int WORDS = VEC_BYTES / 4;                          // 32-bit words per vector
 constexpr int KV = REG_VECS;                                  // vectors per thread kept in registers
+constexpr int SB = STREAM_BATCH;                              // streamed vectors loaded at once
 static_assert(THREADS % ROWS_PER_CTA == 0 && TPR % 32 == 0, "a row needs whole warps");
 static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
 static_assert(CLUSTER == 1 || (ROWS_PER_CTA == 1 && TPR > 32), "a cluster shares one row of several warps a CTA");
@@ -263,11 +268,17 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
       for (int k = 0; k < KV; ++k)
         if (gl + k * TPRC < nv) s += dot<V>(xs[k], ds[k], wr[k]);
 #pragma unroll 1
-      for (int k = KV; gl + k * TPRC < nv; ++k) {      // streamed vectors
-        const size_t v = gl + k * TPRC;
-        float wf[V];
-        load_f32<V>(a.w + v * V, wf);
-        s += dot<V>(load_pack<V>(xr + v * V), load_pack<V>(dyr + v * V), wf);
+      for (int k = KV; gl + k * TPRC < nv; k += SB) {  // streamed vectors, SB at a time (sums in vector order)
+        Batch<V> b;
+        load_batch<V>(xr, dyr, gl, nv, k, b);
+#pragma unroll
+        for (int u = 0; u < SB; ++u) {
+          const int v = gl + (k + u) * TPRC;
+          if (v >= nv) continue;
+          float wf[V];
+          load_f32<V>(a.w + (size_t)v * V, wf);
+          s += dot<V>(b.x[u], b.dy[u], wf);
+        }
       }
     }
     // ---- KF-EDIT-END first_pass --------------------------------------------------------------------------------
@@ -290,12 +301,18 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
         }
       }
 #pragma unroll 1
-      for (int k = KV; gl + k * TPRC < nv; ++k) {      // the streamed vectors again (mostly from L2)
-        const size_t v = gl + k * TPRC;
-        float wf[V];
-        load_f32<V>(a.w + v * V, wf);
-        grad<V>(load_pack<V>(xr + v * V), load_pack<V>(dyr + v * V), wf, rs, c, dxr + v * V, df, xh);
-        dw_add<V>(dsm, prow, in_smem, k, lane, (int)v, df, xh);
+      for (int k = KV; gl + k * TPRC < nv; k += SB) {  // the streamed vectors again (mostly from L2)
+        Batch<V> b;
+        load_batch<V>(xr, dyr, gl, nv, k, b);
+#pragma unroll
+        for (int u = 0; u < SB; ++u) {
+          const int v = gl + (k + u) * TPRC;
+          if (v >= nv) continue;
+          float wf[V];
+          load_f32<V>(a.w + (size_t)v * V, wf);
+          grad<V>(b.x[u], b.dy[u], wf, rs, c, dxr + (size_t)v * V, df, xh);
+          dw_add<V>(dsm, prow, in_smem, k + u, lane, v, df, xh);
+        }
       }
     }
     // ---- KF-EDIT-END second_pass -------------------------------------------------------------------------------

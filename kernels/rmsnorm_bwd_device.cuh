@@ -1,8 +1,8 @@
 // Device helpers of the backward template (rmsnorm_bwd.cu), which includes this file after its genes: packed
 // vector loads and stores with the PTX the genes choose, fp32 runs of w and dw, packing, the cluster exchange of
-// row sums through DSMEM, the row reduction, and the fetch of a row's register vectors (straight into registers or
-// through the cp.async ring). The factory inlines it when it reads the template
-// (kernels/templates.py), so candidates compile without an include path and every line counts in their hash.
+// row sums through DSMEM, the row reduction, the fetch of a row's register vectors (straight into registers or
+// through the cp.async ring), and the batched loads of streamed vectors. The factory inlines it when it reads the
+// template (kernels/templates.py), so candidates compile without an include path and every line counts in their hash.
 // Raw bits of V elements: a whole vector, or one element in the low bits of a word.
 template <int V> struct Pack { unsigned int w[V == 1 ? 1 : WORDS]; };
 
@@ -323,4 +323,20 @@ template <int V> __device__ __forceinline__ void read_slot(Pack<V>* ring, int s,
       xs[k] = *ring_at<V>(ring, s, k, 0);
       ds[k] = *ring_at<V>(ring, s, k, 1);
     }
+}
+
+// The streamed vectors k .. k + SB - 1 of a row (those past the last vector are left unset): x and dy of all of them
+// are loaded before any is used, so that SB vectors per thread are in flight. w (the same every row, so mostly from
+// L1) is loaded where each vector's math needs it, which keeps it out of the batch's registers.
+template <int V> struct Batch { Pack<V> x[SB], dy[SB]; };
+template <int V> __device__ __forceinline__ void load_batch(const elem_t* xr, const elem_t* dyr, int gl, int nv,
+                                                            int k, Batch<V>& b) {
+#pragma unroll
+  for (int u = 0; u < SB; ++u) {
+    if (gl + (k + u) * TPRC < nv) {
+      const size_t v = gl + (k + u) * TPRC;
+      b.x[u] = load_pack<V>(xr + v * V);
+      b.dy[u] = load_pack<V>(dyr + v * V);
+    }
+  }
 }

@@ -47,10 +47,13 @@ RESIDENT_CLUSTERS = {4: 30, 8: 15, 16: 7}
 def registers(g: Mapping[str, GeneValue]) -> int:
     """Registers per thread the genes need, for 2-byte dtypes (the worst case): per register vector, x and dy
     (twice with prefetch), w for the whole kernel and, with dw_acc=regs, the dw partials; plus the unpacked
-    temporaries of one vector, and the ring's extra. Calibrated on NVRTC builds: no genome this admits spills."""
+    temporaries of one vector, x and dy of a streamed batch's other vectors (and addresses), and the ring's extra.
+    Calibrated on NVRTC builds: no genome this admits spills."""
     words, elems = int(g["vec_bytes"]) // 4, int(g["vec_bytes"]) // 2
     per_vec = 2 * words * (2 if g["prefetch"] else 1) + elems * (2 if g["dw_acc"] == "regs" else 1)
-    return BASE_REGS + 2 * elems + int(g["reg_vecs"]) * per_vec + (RING_REGS if int(g["stages"]) else 0)
+    batch = (int(g["stream_batch"]) - 1) * (2 * words + elems) + (16 if words == 4 else 24)   # more addresses
+    batch *= int(g["stream_batch"]) > 1                                                         # with 8 bytes
+    return BASE_REGS + 2 * elems + int(g["reg_vecs"]) * per_vec + batch + (RING_REGS if int(g["stages"]) else 0)
 
 
 def register_limit(g: Mapping[str, GeneValue]) -> int:
@@ -130,6 +133,8 @@ SPACE = GeneSpace(
         Gene("prefetch", (False, True), True, doc="load the next row's register vectors before this row's reduction"),
         Gene("stages", (0, 2, 3, 4), 0,
              doc="cp.async ring of row slots in shared memory: the register vectors of stages-1 rows ahead in flight"),
+        Gene("stream_batch", (1, 2, 4), 1,
+             doc="streamed vectors (past the register ones) whose x, dy and w loads issue together, before their math"),
     ),
     rule=_rule,
 )

@@ -37,7 +37,19 @@
 #      bf16/fp16 against INT21, Liger and torch eager
 #   o: a search of the widest row alone (both dtypes) with cluster_sum=warps in CTAs of 16 or 32 warps (where the GPU
 #      test's corner of that kind was faster than the table); the table exported; the backward bench again
-kf_stage="${1:?stage a to o}"
+#
+# Stages p to s are the sixth session's (runs/evidence/h200-2026-12-01; its README says how each call went). The
+# earlier runs' journals travel in the ignored .gpu/prev-runs (runs/evidence stays behind, to leave room for the
+# cutlass halves):
+#   p: the backward template's GPU tests with the new stream_batch gene; a backward bf16 search of the three widest
+#      rows with streamed batches (configs/rmsnorm_bwd_stream.yaml); a forward fp16 search of the four widest rows
+#      (the first since the forward's clusters of 8 and 16 exist), seeded from the table
+#   q: (carries the cutlass wheel's first half) the same two searches in fp16 (backward) and fp32 (forward); both
+#      tables exported
+#   r: (carries the second half) QuACK installed; forward fp16/fp32 against every baseline, QuACK autotuned per
+#      shape; the op's GPU tests on the new tables
+#   s: backward bf16/fp16 against every baseline; the held-out widths
+kf_stage="${1:?stage a to s}"
 kf_ev="/tmp/kf-ev/$kf_stage"   # everything lands here, and goes back to $OUT as archives (few files)
 mkdir -p "$kf_ev" runs
 export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
@@ -68,6 +80,13 @@ kf_int21() {  # INT21's JIT build, in the background, for the benches that time 
   (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
     > /tmp/int21_build.log 2>&1 &)
 }
+kf_export_fwd() {  # the forward table from every forward run on the host (more run ids: extra arguments)
+  mkdir -p runs/ops
+  timeout 150 kernel-factory export --problem rmsnorm_fwd h200-fwd-bf16 h200-fwd-bf16-wide h200-fwd-fp16 \
+    h200-fwd-fp32 h200-fwd-c16 "$@" --build --out runs/ops/rmsnorm_fwd.json > "$kf_ev/export-fwd.log" 2>&1
+  echo "export fwd rc=$?"; tail -n 4 "$kf_ev/export-fwd.log"
+  kf_pack
+}
 kf_export_bwd() {  # the backward table from every backward run on the host (more run ids: extra arguments)
   mkdir -p runs/ops   # ignored, so kept on the host; later stages copy the tables into kernels/ops
   timeout 150 kernel-factory export --problem rmsnorm_bwd h200-bwd-bf16 h200-bwd-bf16-wide h200-bwd-fp16 \
@@ -78,6 +97,7 @@ kf_export_bwd() {  # the backward table from every backward run on the host (mor
 }
 WIDE_BWD=32768x16384,32768x32768,32768x65536,16384x131072,8192x262144
 WIDE_FWD=32768x32768,32768x65536,16384x131072,8192x262144
+PEERS=torch_eager,torch_compile,quack,quack_tuned,liger,int21   # every baseline but the op itself
 case "$kf_stage" in
 a)
   # The earlier session's runs (committed as evidence) back under runs/, for warm starts and the export.
@@ -233,5 +253,45 @@ o)
   tail -n 1 /tmp/int21_build.log
   kf_bench 120 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
     --baselines int21,liger,torch_eager
+  ;;
+p)
+  kf_restore .gpu/prev-runs/h200-*
+  kf_int21
+  timeout 170 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_bwd_gpu.py -q -p no:cacheprovider -rfE -s \
+    > "$kf_ev/gpu_tests_bwd.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|^genome|^stream|^cluster8_1024_w|^default" \
+    "$kf_ev/gpu_tests_bwd.log" | tail -n 12 | cut -c1-300
+  kf_pack
+  kf_run h200-bwd-stream configs/rmsnorm_bwd_stream.yaml -o search.wall_clock_s=75
+  kf_run h200-fwd-fp16-wide configs/rmsnorm_fwd_wide.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=70
+  ;;
+q)
+  cp .cut1/*.half1 /tmp/
+  kf_run h200-bwd-stream-fp16 configs/rmsnorm_bwd_stream.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=75
+  kf_run h200-fwd-fp32-wide configs/rmsnorm_fwd_wide.yaml -o 'dtypes=[float32]' -o search.wall_clock_s=70
+  kf_export_bwd h200-bwd-mid-fp16 h200-bwd-warps h200-bwd-warps-fp16 h200-bwd-warps-wide h200-bwd-stream \
+    h200-bwd-stream-fp16
+  kf_export_fwd h200-fwd-fp16-wide h200-fwd-fp32-wide
+  ;;
+r)
+  W=nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+  mkdir -p /tmp/cutwhl && cat "/tmp/$W.half1" ".cut2/$W.half2" > "/tmp/cutwhl/$W"
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh .whl-baselines /tmp/cutwhl > /tmp/setup-r.log 2>&1
+  export QUACK_FORCE_CACHE_UPDATE=1
+  python3 -c "import quack.rmsnorm, rmsnorm, liger_kernel; print('quack, int21, liger import')" 2>&1 | tail -n 1
+  kf_bench 400 fwd-fp16-fp32 --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes float16,float32 \
+    --reps 20 --baselines $PEERS
+  timeout 60 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_op_gpu.py -q -p no:cacheprovider -rfE \
+    > "$kf_ev/gpu_tests_op.log" 2>&1
+  echo "op gpu tests rc=$?"; tail -n 1 "$kf_ev/gpu_tests_op.log"
+  kf_pack
+  ;;
+s)
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh .whl-baselines /tmp/cutwhl > /tmp/setup-s.log 2>&1
+  export QUACK_FORCE_CACHE_UPDATE=1
+  kf_bench 280 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
+    --baselines $PEERS
+  kf_bench 50 fwd-heldout --problem rmsnorm_fwd --table .gpu/heldout/rmsnorm_fwd.json --shapes heldout \
+    --dtypes bfloat16 --reps 20 --baselines factory_op,torch_eager,quack,int21
   ;;
 esac

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 DTYPES = ("bfloat16", "float16", "float32")
 # Every placement of dw (registers, shared, global), warp-per-row and multi-warp rows, clusters of 2 to 16, both
 # vector widths, every load and store flavour, both reductions, with and without prefetch, cp.async rings of 2 to 4
-# row slots (some holding whole rows, in CTAs of 4 or 8 warps).
+# row slots (some holding whole rows, in CTAs of 4 or 8 warps), streamed vectors one at a time and in batches.
 CORNERS = {
     "warp_rows_vec8": dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, vec_bytes=8),
     "warp_rows_plain": dict(threads=256, rows_per_cta=8, ctas_per_sm=4, reg_vecs=1, prefetch=False, load="plain",
@@ -49,6 +49,15 @@ CORNERS = {
                                cluster_sum="warps"),
     "cluster8_1024_warps": dict(threads=1024, cluster=8, ctas_per_sm=1, reg_vecs=1, dw_acc="smem", prefetch=False,
                                 cluster_sum="warps"),
+    # streamed vectors loaded in batches of 2 or 4 (stream_batch): past one register vector, in clusters of 16, in
+    # a ring, in rows of one warp with global partials
+    "stream4_c16": dict(threads=512, cluster=16, ctas_per_sm=1, reg_vecs=1, dw_acc="smem", prefetch=False,
+                        cluster_sum="warps", stream_batch=4),
+    "stream2_ring_c8": dict(threads=256, cluster=8, ctas_per_sm=2, reg_vecs=1, stages=2, prefetch=False,
+                            dw_acc="smem", stream_batch=2),
+    "stream2_vec8": dict(threads=256, ctas_per_sm=2, reg_vecs=1, vec_bytes=8, stream_batch=2),
+    "stream2_warp_rows": dict(threads=128, rows_per_cta=4, ctas_per_sm=4, reg_vecs=1, prefetch=False,
+                              stream_batch=2),
 }
 WIDE = [Case((32768, 1024), "bfloat16"), Case((16384, 131072), "float16"), Case((8192, 262144), "bfloat16")]
 TIMED = [Case((32768, 1024), "bfloat16"), Case((32768, 16384), "bfloat16"), Case((8192, 262144), "bfloat16"),
@@ -137,7 +146,8 @@ def test_corners_pass_the_gate_on_benchmark_rows(built, bench, case):
     rng = random.Random(8)
     names = ["default", "warp_rows_vec8", "cluster8_1024", "cluster8_512_kv4", "rows4_smem_tree", "ring2_cluster16",
              "ring4_cluster16_kv2", "ring3_cta2", "ring_row_c16", "ring_row_c16_cta2", "ring_row_c2_128",
-             "ring_row_c16_warps", "cluster8_1024_warps"]
+             "ring_row_c16_warps", "cluster8_1024_warps", "stream4_c16", "stream2_ring_c8", "stream2_vec8",
+             "stream2_warp_rows"]
     failures = [f"{n}: {bad[:300]}" for n in names
                 if (bad := gate(bench, module(built[n][1][case.dtype]), built[n][0], case, rng))]
     assert not failures, "\n".join(failures)
