@@ -47,9 +47,13 @@
 #   q: (carries the cutlass wheel's first half) the same two searches in fp16 (backward) and fp32 (forward); both
 #      tables exported
 #   r: (carries the second half) QuACK installed; forward fp16/fp32 against every baseline, QuACK autotuned per
-#      shape; the op's GPU tests on the new tables
-#   s: backward bf16/fp16 against every baseline; the held-out widths
-kf_stage="${1:?stage a to s}"
+#      shape (this ran past its 400 s limit and wrote nothing); the op's GPU tests on the new tables
+#   s: backward bf16/fp16 against every baseline (QuACK autotuned too: past its 290 s limit, nothing written);
+#      forward fp16/fp32 against every baseline but QuACK autotuned (INT21 was not importable: .int21 not carried)
+#   t: (carries .int21) the same two benches without QuACK autotuned, but on the previous tables (kernels/ops as
+#      carried, not refreshed from runs/ops): the same-process "before" of this session
+#   u: (carries .int21) both benches again on the new tables: the current reports
+kf_stage="${1:?stage a to u}"
 kf_ev="/tmp/kf-ev/$kf_stage"   # everything lands here, and goes back to $OUT as archives (few files)
 mkdir -p "$kf_ev" runs
 export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
@@ -289,9 +293,24 @@ r)
 s)
   cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh .whl-baselines /tmp/cutwhl > /tmp/setup-s.log 2>&1
   export QUACK_FORCE_CACHE_UPDATE=1
-  kf_bench 280 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
+  kf_bench 290 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
     --baselines $PEERS
-  kf_bench 50 fwd-heldout --problem rmsnorm_fwd --table .gpu/heldout/rmsnorm_fwd.json --shapes heldout \
-    --dtypes bfloat16 --reps 20 --baselines factory_op,torch_eager,quack,int21
+  kf_bench 200 fwd-fp16-fp32 --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes float16,float32 \
+    --reps 20 --baselines torch_eager,torch_compile,quack,liger,int21
+  ;;
+t)
+  source tests/gpu/host_setup.sh .whl-baselines /tmp/cutwhl > /tmp/setup-t.log 2>&1
+  python3 -c "import rmsnorm; print('int21 import')" 2>&1 | tail -n 1
+  kf_bench 230 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
+    --baselines int21,quack,liger,torch_eager,torch_compile
+  kf_bench 105 fwd-fp16-fp32-int21 --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json \
+    --dtypes float16,float32 --reps 20 --baselines int21
+  ;;
+u)
+  cp -r runs/ops/. kernels/ops/ && source tests/gpu/host_setup.sh .whl-baselines /tmp/cutwhl > /tmp/setup-u.log 2>&1
+  kf_bench 110 bwd --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 --reps 20 \
+    --baselines int21,quack,liger,torch_eager,torch_compile
+  kf_bench 100 fwd-fp16-fp32 --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes float16,float32 \
+    --reps 20 --baselines int21,quack,liger,torch_eager,torch_compile
   ;;
 esac
