@@ -158,7 +158,10 @@ def graph_where_short(timer: measure.Timer, fns: Mapping[str, Callable[[], Any]]
 
 
 def run(problem_name: str, subject_spec: Mapping[str, str], shapes: str, dtypes: Sequence[str],
-        baselines: Sequence[str] | None, reps: int, repeat: int, graph_below_us: float) -> dict[str, Any]:
+        baselines: Sequence[str] | None, reps: int, repeat: int, graph_below_us: float,
+        on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Time the subject and the baselines on every case. After each case, on_row (if given) gets the result so
+    far, marked `partial` ("K of N cases"), so that a bench cut short still leaves what it measured."""
     import torch
     problem = registry.load("problem", problem_name)
     from kernel_factory.evo.evaluate.gpu import gpu_unavailable_reason
@@ -181,16 +184,27 @@ def run(problem_name: str, subject_spec: Mapping[str, str], shapes: str, dtypes:
     before = measure.clocks()
     copy = measure.copy_bandwidth_gbps(timer)
     started = time.perf_counter()
+    fp = measure.fingerprint({"clocks_before": before, "copy_gbps": f"{copy:.0f}"})
+
+    def result(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        out = {"format": "kernel-factory-bench/1", "problem": problem.name, "subject": subject.label,
+               "baselines": wanted, "peers": published_peers(problem, wanted), "reps": reps, "repeat": repeat,
+               "graph_below_us": graph_below_us, "copy_gbps": copy, "wall_s": time.perf_counter() - started,
+               "fingerprint": {**fp, "clocks_after": measure.clocks()}, "rows": list(rows)}
+        if len(rows) < len(cases):
+            out["partial"] = f"{len(rows)} of {len(cases)} cases"
+        return out
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp:
         compiled = Compiled(problem, tmp)
-        rows = [bench_case(problem, subject, compiled, timer, stream, c, wanted, reps, repeat, copy) for c in cases]
-        compiled.compiler.close()
-    fp = measure.fingerprint({"clocks_before": before, "clocks_after": measure.clocks(),
-                              "copy_gbps": f"{copy:.0f}"})
-    return {"format": "kernel-factory-bench/1", "problem": problem.name, "subject": subject.label,
-            "baselines": wanted, "peers": published_peers(problem, wanted), "reps": reps, "repeat": repeat,
-            "graph_below_us": graph_below_us, "copy_gbps": copy, "wall_s": time.perf_counter() - started,
-            "fingerprint": fp, "rows": rows}
+        try:
+            for c in cases:
+                rows.append(bench_case(problem, subject, compiled, timer, stream, c, wanted, reps, repeat, copy))
+                if on_row is not None and len(rows) < len(cases):
+                    on_row(result(rows))
+        finally:
+            compiled.compiler.close()
+    return result(rows)
 
 
 def published_peers(problem: Problem, baselines: Sequence[str]) -> list[str]:

@@ -81,6 +81,8 @@ def markdown(result: Mapping[str, Any]) -> str:
              f"µs timed as CUDA-graph replays where capturable (marked g). Measured copy bandwidth "
              f"{result['copy_gbps']:.0f} GB/s. Ratio = baseline µs / ours (above 1: ours is faster). Worst rows "
              f"first (by ratio to the best peer). Best peer: the fastest of {', '.join(best_of)} in each row.", ""]
+    if result.get("partial"):
+        lines += [f"**Partial**: the bench was stopped after {result['partial']}; only those are here.", ""]
     head = ["case", "ours µs", "GB/s", "% copy", "best peer", "vs best"] + [f"vs {p}" for p in peers]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in worst_first(result):
@@ -156,12 +158,21 @@ def chart(result: Mapping[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write(result: Mapping[str, Any], out_dir: str | Path, stem: str = "bench") -> dict[str, Path]:
+def write_json(result: Mapping[str, Any], out_dir: str | Path, stem: str = "bench") -> Path:
+    """The raw result alone (cheap: bench writes it after every case; `--from` renders the rest)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / f"{stem}.json", "csv": out / f"{stem}.csv", "md": out / f"{stem}.md",
+    path = out / f"{stem}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)   # a kill mid-write leaves the previous JSON whole
+    return path
+
+
+def write(result: Mapping[str, Any], out_dir: str | Path, stem: str = "bench") -> dict[str, Path]:
+    out = Path(out_dir)
+    paths = {"json": write_json(result, out, stem), "csv": out / f"{stem}.csv", "md": out / f"{stem}.md",
              "png": out / f"{stem}.png"}
-    paths["json"].write_text(json.dumps(result, indent=1))
     paths["csv"].write_text(to_csv(result))
     paths["md"].write_text(markdown(result))
     chart(result, paths["png"])

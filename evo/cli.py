@@ -1,10 +1,12 @@
 """The `kernel-factory` command: run, resume, record, problems, lineage, export, bench, faults, ui. Bad input ends in one line
 naming the problem and a non-zero exit, never a traceback; what a run measured before an error or Ctrl-C stays in its
-journal and MLflow."""
+journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes its report of the cases it measured."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -157,13 +159,47 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ConfigError("--reps and --repeat must be >= 1")
         baselines = [b for b in args.baselines.split(",") if b] if args.baselines is not None else None
         subject = {"genes": args.genes, "run": args.run, "table": args.table, "op": "op" if args.op else None}
-        result = bench.run(args.problem, subject, args.shapes, [d for d in args.dtypes.split(",") if d], baselines,
-                           args.reps, args.repeat, args.graph_below_us)
+        so_far: list[dict] = []
+
+        def keep(partial: dict) -> None:   # the JSON after every case: even a killed bench leaves its rows
+            so_far[:] = [partial]
+            if args.out:
+                bench_report.write_json(partial, args.out, args.stem)
+        try:
+            with sigterm_as_interrupt():
+                result = bench.run(args.problem, subject, args.shapes, [d for d in args.dtypes.split(",") if d],
+                                   baselines, args.reps, args.repeat, args.graph_below_us, on_row=keep)
+        except KeyboardInterrupt:
+            if not so_far:
+                print("kernel-factory: bench interrupted before its first case was measured; nothing written",
+                      file=sys.stderr)
+                return EXIT_INTERRUPTED
+            result = so_far[0]
     print(bench_report.markdown(result))
     if args.out:
         paths = bench_report.write(result, args.out, args.stem)
         print(f"written: {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    if result.get("partial") and not args.from_json:
+        print(f"kernel-factory: bench interrupted; the report covers the {result['partial']} measured",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (as `timeout` sends) raises KeyboardInterrupt inside the block, so that what was measured is kept."""
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+    try:
+        previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    except ValueError:   # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_faults(args: argparse.Namespace) -> int:

@@ -77,3 +77,44 @@ def test_best_peer_is_the_fastest_published_peer(tmp_path, capsys):
     path.write_text(json.dumps(r))
     assert cli.main(["bench", "--from", str(path)]) == 0
     assert "Best peer: the fastest of quack in each row" in capsys.readouterr().out   # rmsnorm_fwd's peers
+
+
+def test_a_bench_stopped_by_sigterm_keeps_the_cases_it_measured(tmp_path, monkeypatch, capsys):
+    """`timeout` sends SIGTERM: the report of the cases measured so far is written, and the exit is non-zero. The
+    JSON is also rewritten after every case, so that even a bench killed outright leaves its rows."""
+    import os
+    import signal
+    import time
+    from kernel_factory.evo import bench
+    full, seen = result(), []
+    before = signal.getsignal(signal.SIGTERM)
+
+    def fake_run(*args, on_row, **kw):
+        for k in (1, 2):
+            on_row({**full, "rows": full["rows"][:k], "partial": f"{k} of 3 cases"})
+            seen.append(len(json.loads((tmp_path / "b.json").read_text())["rows"]))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not stop the bench")
+    monkeypatch.setattr(bench, "run", fake_run)
+    assert cli.main(["bench", "--table", "t.json", "--out", str(tmp_path), "--stem", "b"]) == cli.EXIT_INTERRUPTED
+    assert seen == [1, 2]
+    err = capsys.readouterr().err
+    assert "interrupted; the report covers the 2 of 3 cases measured" in err
+    md = (tmp_path / "b.md").read_text()
+    assert "**Partial**: the bench was stopped after 2 of 3 cases" in md
+    assert [l.split(" |")[0] for l in md.splitlines() if l.startswith("| bfloat16")] == \
+        ["| bfloat16:1024x4096", "| bfloat16:1024x256"]
+    assert len(json.loads((tmp_path / "b.json").read_text())["rows"]) == 2 and (tmp_path / "b.png").is_file()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_bench_stopped_before_its_first_case_writes_nothing(tmp_path, monkeypatch, capsys):
+    from kernel_factory.evo import bench
+
+    def fake_run(*args, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "run", fake_run)
+    assert cli.main(["bench", "--table", "t.json", "--out", str(tmp_path)]) == cli.EXIT_INTERRUPTED
+    assert "before its first case was measured; nothing written" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
