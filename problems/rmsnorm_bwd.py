@@ -51,8 +51,8 @@ def registers(g: Mapping[str, GeneValue]) -> int:
     Calibrated on NVRTC builds: no genome this admits spills."""
     words, elems = int(g["vec_bytes"]) // 4, int(g["vec_bytes"]) // 2
     per_vec = 2 * words * (2 if g["prefetch"] else 1) + elems * (2 if g["dw_acc"] == "regs" else 1)
-    batch = (int(g["stream_batch"]) - 1) * (2 * words + elems) + (16 if words == 4 else 24)   # more addresses
-    batch *= int(g["stream_batch"]) > 1                                                         # with 8 bytes
+    sb = int(g["stream_batch"])   # a batch's other vectors, and addresses (more per byte with 8-byte vectors)
+    batch = (sb - 1) * (2 * words + elems) + (16 if words == 4 else 24) if sb > 1 else 0
     return BASE_REGS + 2 * elems + int(g["reg_vecs"]) * per_vec + batch + (RING_REGS if int(g["stages"]) else 0)
 
 
@@ -134,7 +134,7 @@ SPACE = GeneSpace(
         Gene("stages", (0, 2, 3, 4), 0,
              doc="cp.async ring of row slots in shared memory: the register vectors of stages-1 rows ahead in flight"),
         Gene("stream_batch", (1, 2, 4), 1,
-             doc="streamed vectors (past the register ones) whose x, dy and w loads issue together, before their math"),
+             doc="streamed vectors (past the register ones) whose x and dy loads issue together, before their math"),
     ),
     rule=_rule,
 )
