@@ -166,10 +166,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if args.out:
                 bench_report.write_json(partial, args.out, args.stem)
         try:
-            with sigterm_as_interrupt():
-                result = bench.run(args.problem, subject, args.shapes, [d for d in args.dtypes.split(",") if d],
-                                   baselines, args.reps, args.repeat, args.graph_below_us, on_row=keep)
-        except KeyboardInterrupt:
+            result = bench.run(args.problem, subject, args.shapes, [d for d in args.dtypes.split(",") if d],
+                               baselines, args.reps, args.repeat, args.graph_below_us, on_row=keep)
+        except KeyboardInterrupt:   # Ctrl-C, or SIGTERM (main): report what was measured
             if not so_far:
                 print("kernel-factory: bench interrupted before its first case was measured; nothing written",
                       file=sys.stderr)
@@ -188,7 +187,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def sigterm_as_interrupt():
-    """SIGTERM (as `timeout` sends) raises KeyboardInterrupt inside the block, so that what was measured is kept."""
+    """SIGTERM (as `timeout` sends) raises KeyboardInterrupt inside the block, so that a command stopped that way
+    ends as after Ctrl-C: runs close their journal and MLflow run, benches write what they measured."""
     def raise_interrupt(signum, frame):
         raise KeyboardInterrupt
     try:
@@ -222,23 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_factory.evo.evaluate.compile import ToolchainError
     from kernel_factory.evo.evaluate.gpu import WorkerError
     try:
-        if args.command == "problems":
-            return cmd_problems()
-        if args.command == "run":
-            return cmd_run(args)
-        if args.command == "record":
-            return cmd_record(args)
-        if args.command == "resume":
-            return cmd_resume(args)
-        if args.command == "lineage":
-            return cmd_lineage(args)
-        if args.command == "export":
-            return cmd_export(args)
-        if args.command == "bench":
-            return cmd_bench(args)
-        if args.command == "faults":
-            return cmd_faults(args)
-        return cmd_ui(args)
+        with sigterm_as_interrupt():
+            return _dispatch(args)
     except (ConfigError, registry.PluginError, ToolchainError, WorkerError) as exc:
         print(f"kernel-factory: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -246,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         print("kernel-factory: interrupted; everything measured so far is in the run's journal and MLflow",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
+                "lineage": cmd_lineage, "export": cmd_export, "bench": cmd_bench, "faults": cmd_faults}
+    return commands.get(args.command, cmd_ui)(args)
 
 
 if __name__ == "__main__":

@@ -91,3 +91,35 @@ def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, synthetic_reco
     records = journal.read(killed_dir / "runs" / run_id / "journal.jsonl")
     assert sum(r["event"] == "resume" for r in records) >= 1
     json.dumps(records)   # the journal stays plain JSON throughout
+
+
+def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recording):
+    """`timeout` and job schedulers stop with SIGTERM: the run ends as after Ctrl-C (exit 130, an `end` record that
+    says interrupted, MLflow's run closed with that reason), and resume carries on from there."""
+    run_id = "sigterm-test"
+    cfg = write_config(tmp_path, synthetic_recording)
+    path = tmp_path / "runs" / run_id / "journal.jsonl"
+    proc = subprocess.Popen([*CLI, "run", str(cfg), "--run-id", run_id], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (path.is_file() and sum(r["event"] == "result" for r in journal.read(path)) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+    end = journal.read(path)[-1]
+    assert end["event"] == "end" and end["stop_reason"] == "interrupted"
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rmsnorm_fwd")
+    (parent,) = client.search_runs([exp.experiment_id], f"tags.`kf.run_id` = '{run_id}'")
+    assert parent.info.status == "FINISHED" and parent.data.tags["kf.stop_reason"] == "interrupted"
+    done = subprocess.run([*CLI, "resume", run_id, "--runs", str(tmp_path / "runs")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = journal.read(path)
+    results = [r["candidate"]["id"] for r in records if r["event"] == "result"]
+    assert len(results) == len(set(results)), "a candidate was evaluated twice"
+    assert records[-1]["event"] == "end" and records[-1]["stop_reason"] != "interrupted"
