@@ -84,6 +84,12 @@ kf_int21() {  # INT21's JIT build, in the background, for the benches that time 
   (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension()" \
     > /tmp/int21_build.log 2>&1 &)
 }
+kf_bwd_tests() {  # seconds, lines of the log to show besides the outcome: the backward template's GPU tests
+  timeout "$1" python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_bwd_gpu.py -q -p no:cacheprovider -rfE -s \
+    > "$kf_ev/gpu_tests_bwd.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|$2" "$kf_ev/gpu_tests_bwd.log" | tail -n 12 | cut -c1-300
+  kf_pack
+}
 kf_export_fwd() {  # the forward table from every forward run on the host (more run ids: extra arguments)
   mkdir -p runs/ops
   timeout 150 kernel-factory export --problem rmsnorm_fwd h200-fwd-bf16 h200-fwd-bf16-wide h200-fwd-fp16 \
@@ -227,11 +233,7 @@ m)
 n)
   kf_restore runs/evidence/h200-2026-11-30[bcde]/runs/h200-*
   kf_int21
-  timeout 150 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_bwd_gpu.py -q -p no:cacheprovider -rfE -s \
-    > "$kf_ev/gpu_tests_bwd.log" 2>&1
-  echo "gpu tests rc=$?"; grep -E "passed|failed|\{'cluster|^ring_row|^cluster8_1024_w|^genome" \
-    "$kf_ev/gpu_tests_bwd.log" | tail -n 12 | cut -c1-300
-  kf_pack
+  kf_bwd_tests 150 "\{'cluster|^ring_row|^cluster8_1024_w|^genome"
   SPACE='{stages: [2, 3, 4], prefetch: [false], cluster: [2, 4, 8, 16], rows_per_cta: [1], threads: [128, 256, 512],
     reg_vecs: [4, 8], vec_bytes: [16], load: [nc], reduce: [shfl], cluster_sum: [warps]}'
   kf_run h200-bwd-warps configs/rmsnorm_bwd_ring_row.yaml -o "search.space=$SPACE" -o search.wall_clock_s=90
@@ -261,11 +263,7 @@ o)
 p)
   kf_restore .gpu/prev-runs/h200-*
   kf_int21
-  timeout 170 python3 -m pytest -m gpu --gpu tests/gpu/test_rmsnorm_bwd_gpu.py -q -p no:cacheprovider -rfE -s \
-    > "$kf_ev/gpu_tests_bwd.log" 2>&1
-  echo "gpu tests rc=$?"; grep -E "passed|failed|^genome|^stream|^cluster8_1024_w|^default" \
-    "$kf_ev/gpu_tests_bwd.log" | tail -n 12 | cut -c1-300
-  kf_pack
+  kf_bwd_tests 170 "^genome|^stream|^cluster8_1024_w|^default"
   kf_run h200-bwd-stream configs/rmsnorm_bwd_stream.yaml -o search.wall_clock_s=75
   kf_run h200-fwd-fp16-wide configs/rmsnorm_fwd_wide.yaml -o 'dtypes=[float16]' -o search.wall_clock_s=70
   ;;
