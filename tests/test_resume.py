@@ -114,7 +114,8 @@ def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recor
     from mlflow.tracking import MlflowClient
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rmsnorm_fwd")
-    (parent,) = client.search_runs([exp.experiment_id], f"tags.`kf.run_id` = '{run_id}'")
+    (parent,) = client.search_runs([exp.experiment_id],
+                                   f"tags.`kf.run_id` = '{run_id}' and tags.`kf.kind` = 'evolution'")
     assert parent.info.status == "FINISHED" and parent.data.tags["kf.stop_reason"] == "interrupted"
     done = subprocess.run([*CLI, "resume", run_id, "--runs", str(tmp_path / "runs")], capture_output=True,
                           text=True, timeout=300)
@@ -123,3 +124,6 @@ def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recor
     results = [r["candidate"]["id"] for r in records if r["event"] == "result"]
     assert len(results) == len(set(results)), "a candidate was evaluated twice"
     assert records[-1]["event"] == "end" and records[-1]["stop_reason"] != "interrupted"
+    n_parents, kids = mlflow_state(tmp_path, run_id)
+    assert n_parents == 1
+    assert sorted(kids) == sorted(results), "MLflow must hold each journaled candidate exactly once"
