@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     ben.add_argument("--out", help="folder for bench.{json,csv,md,png}")
     ben.add_argument("--stem", default="bench", help="file name stem in --out")
     ben.add_argument("--from", dest="from_json", help="re-render a recorded bench JSON (no GPU needed)")
+    gap = sub.add_parser("gap", help="the targets against committed benches and run journals, and why (no GPU)")
+    gap.add_argument("targets", help="a targets YAML (e.g. configs/targets/rmsnorm-h200.yaml)")
+    gap.add_argument("--out", help="folder for gap.md and gap.json")
+    gap.add_argument("--stem", default="gap", help="file name stem in --out")
     flt = sub.add_parser("faults", help="run the evaluator's fault suite on this GPU and print its table")
     flt.add_argument("--out", help="also write the table as JSON here")
     ui = sub.add_parser("ui", help="serve the MLflow UI over the run store on 127.0.0.1")
@@ -202,6 +206,15 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def cmd_gap(args: argparse.Namespace) -> int:
+    from kernel_factory.evo import gap
+    analysis = gap.analyse(gap.load_targets(args.targets))
+    print(gap.markdown(analysis))
+    if args.out:
+        print(f"written: {', '.join(str(p) for p in gap.write(analysis, args.out, args.stem))}", file=sys.stderr)
+    return 0
+
+
 def cmd_faults(args: argparse.Namespace) -> int:
     from kernel_factory.evo import faults
     return faults.main(args.out)
@@ -235,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
-                "lineage": cmd_lineage, "export": cmd_export, "bench": cmd_bench, "faults": cmd_faults}
+                "lineage": cmd_lineage, "export": cmd_export, "bench": cmd_bench, "gap": cmd_gap,
+                "faults": cmd_faults}
     return commands.get(args.command, cmd_ui)(args)
 
 

@@ -188,6 +188,26 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
     return cls(**kwargs)
 
 
+def build(cls: type, data: Mapping[str, Any], where: str = "") -> Any:
+    """A frozen dataclass from plain data, with the same checks and messages as run configs (other commands' YAML
+    files, e.g. the targets of `kernel-factory gap`)."""
+    return _build(cls, data, where)
+
+
+def load_mapping(path: str | Path, what: str = "config file") -> Mapping[str, Any]:
+    """A YAML file's top-level mapping, or a ConfigError that names the file and the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{what} {str(path)!r} must hold a mapping at the top level")
+    return data
+
+
 def _operators(data: Any, where: str) -> dict[str, OperatorConfig]:
     """`name: {weight: 0.5, other: ...}`: weight is ours, every other key goes to the operator's constructor."""
     if not isinstance(data, Mapping) or not data:
@@ -259,13 +279,4 @@ def parse(data: Mapping[str, Any], overrides: tuple[str, ...] = ()) -> RunConfig
 
 
 def load(path: str | Path, overrides: tuple[str, ...] = ()) -> RunConfig:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
-    return parse(data, overrides)
+    return parse(load_mapping(path), overrides)

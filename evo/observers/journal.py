@@ -3,6 +3,7 @@ the run's start, every candidate with its result, each generation's stats and th
 is lost when a run is killed, and so that a later resume can read it."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -74,9 +75,12 @@ class JournalObserver:
 
 
 def read(path: str | Path) -> list[dict[str, Any]]:
-    """The journal's records; a torn last line (a kill mid-write) is ignored."""
+    """The journal's records; a torn last line (a kill mid-write) is ignored. A gzipped journal (journal.jsonl.gz,
+    as the evidence folders keep them) reads the same."""
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     out = []
-    for line in Path(path).read_text().splitlines():
+    for line in text.splitlines():
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
