@@ -171,12 +171,7 @@ def run(problem_name: str, subject_spec: Mapping[str, str], shapes: str, dtypes:
                           f"with `kernel-factory bench --from BENCH.json`")
     subject = make_subject(problem, subject_spec)
     cases = parse_cases(problem, shapes, dtypes)
-    own = "factory_op" if subject.genes_for is None else None   # the op cannot be its own baseline
-    wanted = [b for b in (baselines if baselines is not None else problem.baselines) if b != own]
-    unknown = [b for b in wanted if b not in problem.baselines]
-    if unknown:
-        raise ConfigError(f"--baselines: {problem.name} has no baseline {unknown[0]!r}; it has "
-                          f"{', '.join(problem.baselines)}")
+    wanted = check_baselines(problem, baselines, subject.genes_for is None)
     stream_t = torch.cuda.Stream()
     torch.cuda.set_stream(stream_t)
     stream = launcher.torch_stream()
@@ -205,6 +200,18 @@ def run(problem_name: str, subject_spec: Mapping[str, str], shapes: str, dtypes:
         finally:
             compiled.compiler.close()
     return result(rows)
+
+
+def check_baselines(problem: Problem, baselines: Sequence[str] | None, subject_is_op: bool) -> list[str]:
+    """The baselines to time: those asked for (None: all of the problem's), less the op when it is the subject
+    (it cannot be its own baseline); an unknown name is an error that lists the valid ones."""
+    own = "factory_op" if subject_is_op else None
+    wanted = [b for b in (baselines if baselines is not None else problem.baselines) if b != own]
+    unknown = [b for b in wanted if b not in problem.baselines]
+    if unknown:
+        raise ConfigError(f"--baselines: {problem.name} has no baseline {unknown[0]!r}; it has "
+                          f"{', '.join(problem.baselines)}")
+    return wanted
 
 
 def published_peers(problem: Problem, baselines: Sequence[str]) -> list[str]:

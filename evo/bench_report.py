@@ -139,23 +139,32 @@ def chart(result: Mapping[str, Any], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(result["rows"])), 4.5))
+    draw(ax, result)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def draw(ax: Any, result: Mapping[str, Any]) -> None:
+    """One bench's ratios to each baseline, a group of bars per row, on a log axis so that ratios near 1 stay
+    readable beside a baseline many times slower."""
     rows, peers = result["rows"], result["baselines"]
-    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows)), 4.5))
     width = 0.8 / max(1, len(peers))
     for i, p in enumerate(peers):
-        vals = [ratio(r, p) or 0 for r in rows]
+        vals = [ratio(r, p) or math.nan for r in rows]
         ax.bar([x + i * width for x in range(len(rows))], vals, width, label=p)
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], [r["case"].split(":")[-1] for r in rows],
-                  rotation=45, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    several = len({r["dtype"] for r in rows}) > 1
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))],
+                  [r["case"] if several else r["case"].split(":")[-1] for r in rows], rotation=45, ha="right",
+                  fontsize=7 if several else 8)
     ax.set_ylabel("baseline µs / ours (>1: ours faster)")
     fp = result["fingerprint"]
     ax.set_title(f"{result['subject']} - {fp.get('gpu', '?')}, {fp.get('date', '')[:10]}, copy "
                  f"{result['copy_gbps']:.0f} GB/s", fontsize=9)
     ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def write_json(result: Mapping[str, Any], out_dir: str | Path, stem: str = "bench") -> Path:

@@ -17,6 +17,7 @@ from kernel_factory.evo.config import ConfigError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, as the shell reports a pipe closed by its reader
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,22 +51,26 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--build", action="store_true", help="also compile sm_90a cubins next to it (cubins/)")
     exp.add_argument("--runs", default="runs", help="the runs folder (the config's out_dir)")
     ben = sub.add_parser("bench", help="time a kernel against every baseline side by side (table, CSV, JSON, PNG)")
-    ben.add_argument("--problem", default="rmsnorm_fwd")
-    what = ben.add_argument_group("subject (exactly one)")
+    ben.add_argument("--problem", help="the problem (default: rmsnorm_fwd)")
+    ben.add_argument("--suite", help="a bench suite YAML: several benches in one command and one report "
+                                     "(e.g. configs/bench/rmsnorm-h200.yaml)")
+    what = ben.add_argument_group("subject (exactly one, unless --suite)")
     what.add_argument("--genes", help="a genome as JSON (missing genes take their defaults)")
     what.add_argument("--run", help="a run id (or journal path): its best candidate")
     what.add_argument("--table", help="a dispatch table from `kernel-factory export`")
     what.add_argument("--op", action="store_true", help="the exported library op")
-    ben.add_argument("--shapes", default="benchmark", help="benchmark, heldout, correctness or MxN,MxN")
-    ben.add_argument("--dtypes", default="bfloat16", help="comma list, e.g. bfloat16,float16")
+    ben.add_argument("--shapes", help="benchmark (default), heldout, correctness or MxN,MxN")
+    ben.add_argument("--dtypes", help="comma list, e.g. bfloat16,float16 (default: bfloat16)")
     ben.add_argument("--baselines", help="comma list (default: every baseline of the problem)")
-    ben.add_argument("--reps", type=int, default=50, help="samples per provider per row")
-    ben.add_argument("--repeat", type=int, default=1, help="time the subject this many passes (spread check)")
-    ben.add_argument("--graph-below-us", type=float, default=30.0,
-                     help="time launches shorter than this as CUDA-graph replays (0: never)")
+    ben.add_argument("--reps", type=int, help="samples per provider per row (default 50; a suite's file sets its own)")
+    ben.add_argument("--repeat", type=int, help="time the subject this many passes, a spread check (default 1)")
+    ben.add_argument("--graph-below-us", type=float,
+                     help="time launches shorter than this as CUDA-graph replays (default 30; 0: never)")
     ben.add_argument("--out", help="folder for bench.{json,csv,md,png}")
     ben.add_argument("--stem", default="bench", help="file name stem in --out")
-    ben.add_argument("--from", dest="from_json", help="re-render a recorded bench JSON (no GPU needed)")
+    ben.add_argument("--from", dest="from_json", nargs="+", metavar="JSON",
+                     help="re-render a recorded bench or suite JSON, or join several bench JSONs into one suite "
+                          "report (no GPU needed)")
     gap = sub.add_parser("gap", help="the targets against committed benches and run journals, and why (no GPU)")
     gap.add_argument("targets", help="a targets YAML (e.g. configs/targets/rmsnorm-h200.yaml)")
     gap.add_argument("--out", help="folder for gap.md and gap.json")
@@ -143,26 +148,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import json
-    from kernel_factory.evo import bench, bench_report
+    from kernel_factory.evo import bench, bench_report, bench_suite
     if args.from_json:
-        try:
-            result = json.loads(Path(args.from_json).read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"--from {args.from_json!r}: cannot read a bench result ({exc})") from None
-        print(f"(re-rendered from {args.from_json}: measured on {result['fingerprint'].get('gpu', '?')} "
-              f"{result['fingerprint'].get('date', '')[:10]}; nothing was timed now)")
-        if "peers" not in result:   # recorded before results named them: the problem's published peers
-            try:
-                result["peers"] = bench.published_peers(registry.load("problem", result["problem"]),
-                                                        result["baselines"])
-            except (ConfigError, registry.PluginError):
-                pass   # a problem not installed here: every baseline counts
+        result = recorded_bench(args.from_json)
     else:
-        if args.reps < 1 or args.repeat < 1:
-            raise ConfigError("--reps and --repeat must be >= 1")
-        baselines = [b for b in args.baselines.split(",") if b] if args.baselines is not None else None
-        subject = {"genes": args.genes, "run": args.run, "table": args.table, "op": "op" if args.op else None}
         so_far: list[dict] = []
 
         def keep(partial: dict) -> None:   # the JSON after every case: even a killed bench leaves its rows
@@ -170,23 +159,69 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if args.out:
                 bench_report.write_json(partial, args.out, args.stem)
         try:
-            result = bench.run(args.problem, subject, args.shapes, [d for d in args.dtypes.split(",") if d],
-                               baselines, args.reps, args.repeat, args.graph_below_us, on_row=keep)
+            if args.suite:
+                subjects = [f for f in ("genes", "run", "table", "op", "problem", "dtypes", "shapes", "baselines")
+                            if getattr(args, f)]
+                if subjects:
+                    raise ConfigError(f"--suite takes every part's settings from its file; drop --{subjects[0]}")
+                result = bench_suite.run(bench_suite.load(args.suite, reps=args.reps, repeat=args.repeat,
+                                                          graph_below_us=args.graph_below_us),
+                                         args.suite, on_update=keep)
+            else:
+                if (args.reps or 50) < 1 or (args.repeat or 1) < 1:
+                    raise ConfigError("--reps and --repeat must be >= 1")
+                subject = {"genes": args.genes, "run": args.run, "table": args.table, "op": "op" if args.op else None}
+                result = bench.run(args.problem or "rmsnorm_fwd", subject, args.shapes or "benchmark",
+                                   [d for d in (args.dtypes or "bfloat16").split(",") if d],
+                                   [b for b in args.baselines.split(",") if b] if args.baselines is not None else None,
+                                   args.reps or 50, args.repeat or 1,
+                                   30.0 if args.graph_below_us is None else args.graph_below_us, on_row=keep)
         except KeyboardInterrupt:   # Ctrl-C, or SIGTERM (main): report what was measured
             if not so_far:
                 print("kernel-factory: bench interrupted before its first case was measured; nothing written",
                       file=sys.stderr)
                 return EXIT_INTERRUPTED
             result = so_far[0]
-    print(bench_report.markdown(result))
+    render = bench_suite if result.get("format") == bench_suite.FORMAT else bench_report
+    print(render.markdown(result))
     if args.out:
-        paths = bench_report.write(result, args.out, args.stem)
+        paths = render.write(result, args.out, args.stem)
         print(f"written: {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     if result.get("partial") and not args.from_json:
-        print(f"kernel-factory: bench interrupted; the report covers the {result['partial']} measured",
+        print(f"kernel-factory: bench interrupted; the report covers what was measured ({result['partial']})",
               file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+def recorded_bench(files: list[str]) -> dict:
+    """`--from`: one recorded bench or suite JSON, or several bench JSONs joined into a suite; nothing is timed."""
+    import json
+    from kernel_factory.evo import bench, bench_suite
+    results = []
+    for name in files:
+        try:
+            result = json.loads(Path(name).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--from {name!r}: cannot read a bench result ({exc})") from None
+        parts = result.get("parts", [result]) if isinstance(result, dict) else []
+        if not parts or not all(isinstance(p, dict) and "fingerprint" in p and "rows" in p for p in parts):
+            raise ConfigError(f"--from {name!r} is not a bench or suite result (kernel-factory bench --out writes one)")
+        for part in parts:
+            if "peers" not in part:   # recorded before results named them: the problem's published peers
+                try:
+                    part["peers"] = bench.published_peers(registry.load("problem", part["problem"]),
+                                                          part["baselines"])
+                except (ConfigError, registry.PluginError):
+                    pass   # a problem not installed here: every baseline counts
+            print(f"(re-rendered from {name}: {part['problem']} measured on {part['fingerprint'].get('gpu', '?')} "
+                  f"{part['fingerprint'].get('date', '')[:10]}; nothing was timed now)")
+        results.append(result)
+    if len(results) == 1:
+        return results[0]
+    if any(r.get("format") == bench_suite.FORMAT for r in results):
+        raise ConfigError("--from joins bench results, not suites: give a suite JSON alone")
+    return bench_suite.join(results, files)
 
 
 @contextlib.contextmanager
@@ -244,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         print("kernel-factory: interrupted; everything measured so far is in the run's journal and MLflow",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -9,7 +9,8 @@ For each report the gap report gives:
   process, our share of it and the best peer's, and the ratio we would reach at that bandwidth (the ceiling). A row
   whose ceiling is under the floor cannot meet it with a kernel that moves the same bytes, and the geomean of the
   ceilings bounds the report's geomean. Small copies do not reach the measured bandwidth, so at small rows the
-  ceiling is loose;
+  ceiling is loose. Rows whose ceiling is under the geomean target can give at most their ceiling; the report
+  says what geomean the other rows would then need;
 - what is needed: per row the speed-up that reaches the floor, and the factor the geomean is short by;
 - what the searches found at each row's case (from run journals timed on a GPU): how many evaluations and
   distinct genomes, in which runs, the best search time, the closest variants (genomes within `close` of the best,
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo import bench_report, config, export
+from kernel_factory.evo import bench_report, bench_suite, config, export
 from kernel_factory.evo.bench import SUBJECT
 from kernel_factory.evo.config import ConfigError
 from kernel_factory.evo.observers import journal
@@ -39,10 +40,11 @@ MAX_CLOSE = 5
 @dataclass(frozen=True)
 class ReportTarget:
     name: str                                # a label: "forward bf16"
-    bench: str                               # a bench result JSON (kernel-factory bench --out)
+    bench: str                               # a bench or suite result JSON (kernel-factory bench --out)
     geomean: float                           # geomean of best peer / ours to reach
     floor: float                             # no row below this ratio
     dtypes: tuple[str, ...] | None = None    # the bench rows counted (None: all)
+    problem: str | None = None               # in a suite result, the part of this problem
 
 
 @dataclass(frozen=True)
@@ -71,13 +73,27 @@ def load_targets(path: str | Path) -> Targets:
     return targets
 
 
-def read_bench(path: str | Path) -> dict[str, Any]:
+def read_bench(path: str | Path, problem: str | None = None,
+               dtypes: Sequence[str] | None = None) -> dict[str, Any]:
+    """A bench result; from a suite result, its one part of `problem` that benched all of `dtypes`."""
     try:
         result = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read a bench result ({exc})") from None
-    if not isinstance(result, dict) or not str(result.get("format", "")).startswith("kernel-factory-bench/"):
+    fmt = str(result.get("format", "")) if isinstance(result, dict) else ""
+    if fmt == bench_suite.FORMAT:
+        parts = [p for p in result["parts"] if p["problem"] == problem
+                 and set(dtypes or ()) <= {r["dtype"] for r in p["rows"]}]
+        if len(parts) != 1:
+            have = "; ".join(f"{p['problem']} ({', '.join(sorted({r['dtype'] for r in p['rows']}))})"
+                             for p in result["parts"])
+            raise ConfigError(f"{path} is a suite with parts {have}: a report target on it needs 'problem' and "
+                              f"'dtypes' that pick exactly one (got {problem!r}, {list(dtypes or [])})")
+        return parts[0]
+    if not fmt.startswith("kernel-factory-bench/"):
         raise ConfigError(f"{path} is not a bench result (kernel-factory bench --out writes one)")
+    if problem is not None and result.get("problem") != problem:
+        raise ConfigError(f"{path} benches {result.get('problem')!r}, not {problem!r}")
     return result
 
 
@@ -181,7 +197,7 @@ def row_gap(row: Mapping[str, Any], peers: Sequence[str], copy_gbps: float, floo
 
 def report_gap(target: ReportTarget, problem: Problem, index: Mapping[str, Sequence[export.Measurement]],
                close: float) -> dict[str, Any]:
-    result = read_bench(target.bench)
+    result = read_bench(target.bench, target.problem, target.dtypes)
     rows = [r for r in result["rows"] if target.dtypes is None or r["dtype"] in target.dtypes]
     if not rows:
         have = sorted({r["dtype"] for r in result["rows"]})
@@ -195,6 +211,12 @@ def report_gap(target: ReportTarget, problem: Problem, index: Mapping[str, Seque
     gm = bench_report.geomean([g["ratio"] for g in timed])
     ceiling = bench_report.geomean([g["ceiling"] for g in timed])
     below = [g for g in timed if g["below_floor"]]
+    # rows that cannot reach the geomean target even at copy bandwidth: at best at their ceiling, the others must
+    # make up the rest
+    capped = [g for g in timed if g["ceiling"] < target.geomean]
+    free = len(timed) - len(capped)
+    rest = ((target.geomean ** len(timed) / math.prod(g["ceiling"] for g in capped)) ** (1 / free)
+            if capped and free else None)
     fp = result["fingerprint"]
     return {"name": target.name, "problem": result["problem"], "bench": target.bench, "subject": result["subject"],
             "gpu": fp.get("gpu", "?"), "date": str(fp.get("date", "?"))[:10], "copy_gbps": round(result["copy_gbps"]),
@@ -205,6 +227,8 @@ def report_gap(target: ReportTarget, problem: Problem, index: Mapping[str, Seque
             "met": bool(timed) and len(timed) == len(gaps) and not below and gm >= target.geomean,
             "geomean_short_by": gm and round(max(1.0, target.geomean / gm), 4),
             "ceiling_below_floor": [g["case"] for g in timed if g["ceiling"] < target.floor],
+            "ceiling_below_target": [g["case"] for g in capped],
+            "rest_needed": rest and round(rest, 4),
             "gaps": sorted(gaps, key=lambda g: g.get("ratio", -1.0))}
 
 
@@ -213,7 +237,7 @@ def analyse(targets: Targets) -> dict[str, Any]:
     indexes: dict[tuple[str, str], tuple[Problem, dict[str, list[export.Measurement]]]] = {}
     reports = []
     for target in targets.reports:
-        bench = read_bench(target.bench)
+        bench = read_bench(target.bench, target.problem, target.dtypes)
         key = (bench["problem"], bench["fingerprint"].get("gpu", "?"))
         if key not in indexes:
             problem = export.problem_plugin(key[0])
@@ -240,8 +264,14 @@ def _verdict(rep: Mapping[str, Any]) -> str:
     else:
         parts.append(f"Not excluded by the roofline: at the measured copy bandwidth on every row the geomean would "
                      f"be {_f(rep['geomean_ceiling'])}.")
+    if rep["rest_needed"] is not None:
+        n = len(rep["ceiling_below_target"])
+        parts.append(f"{n} row{'s' * (n > 1)} cannot reach {t['geomean']:g} even at copy bandwidth; at "
+                     f"{'their ceilings' if n > 1 else 'its ceiling'}, the other {rep['rows'] - n} would need a "
+                     f"geomean of {rep['rest_needed']:.3f}.")
     if rep["ceiling_below_floor"]:
-        parts.append(f"Rows that cannot reach the floor even at copy bandwidth: {', '.join(rep['ceiling_below_floor'])}.")
+        parts.append("Rows that cannot reach the floor even at copy bandwidth: "
+                     f"{', '.join(rep['ceiling_below_floor'])}.")
     return " ".join(parts)
 
 
@@ -273,7 +303,8 @@ def markdown(analysis: Mapping[str, Any]) -> str:
                 lines.append(f"| {g['case']} | no time for {g['missing']} | | | | | | | |")
                 continue
             mark = " ⚠" if g["below_floor"] else ""
-            lines.append(f"| {g['case']} | {g['ours_us']:.1f} | {g['peer']} {g['peer_us']:.1f} | {g['ratio']:.3f}{mark} "
+            lines.append(f"| {g['case']} | {g['ours_us']:.1f} | {g['peer']} {g['peer_us']:.1f} | "
+                         f"{g['ratio']:.3f}{mark} "
                          f"| {_f(g['speedup_to_floor'])}× | {g['ours_pct_copy']:.0f}% | {g['peer_pct_copy']:.0f}% | "
                          f"{g['ceiling']:.3f} | {_search_line(g['search'])} |")
         lines += ["", "Closest variants at the rows below the floor (search times; genes that differ from the "

@@ -100,7 +100,7 @@ def test_a_bench_stopped_by_sigterm_keeps_the_cases_it_measured(tmp_path, monkey
     assert cli.main(["bench", "--table", "t.json", "--out", str(tmp_path), "--stem", "b"]) == cli.EXIT_INTERRUPTED
     assert seen == [1, 2]
     err = capsys.readouterr().err
-    assert "interrupted; the report covers the 2 of 3 cases measured" in err
+    assert "interrupted; the report covers what was measured (2 of 3 cases)" in err
     md = (tmp_path / "b.md").read_text()
     assert "**Partial**: the bench was stopped after 2 of 3 cases" in md
     assert [l.split(" |")[0] for l in md.splitlines() if l.startswith("| bfloat16")] == \

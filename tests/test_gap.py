@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernel_factory.evo import cli, gap
+from kernel_factory.evo import bench_suite, cli, gap
 from kernel_factory.evo.types import Candidate, Genome
 from test_export import result, write_journal
 
@@ -81,6 +81,7 @@ def test_gap_rows_roofline_and_search(setup, rmsnorm):
                                                                                                        abs=1e-4)
     assert other["case"] == B and not other["below_floor"] and other["speedup_to_floor"] == 1.0
     assert rep["geomean_ceiling"] == pytest.approx(math.sqrt(1.5 * 10.5 / 9.5), abs=1e-4)
+    assert rep["ceiling_below_target"] == [] and rep["rest_needed"] is None
     s = worst["search"]
     assert s["runs"] == ["live"] and s["evaluations"] == 3 and s["genomes"] == 3
     assert s["best"]["genome"] == best.genome.id and s["best"]["us"] == 10.0
@@ -100,7 +101,8 @@ def test_gap_met_and_the_roofline_verdict(setup):
     targets["reports"][0].update(geomean=1.3, floor=1.2)   # above B's ceiling (10.5 / 9.5)
     analysis = gap.analyse(gap.load_targets(write_targets(folder, targets)))
     rep = analysis["reports"][0]
-    assert not analysis["met"] and rep["ceiling_below_floor"] == [B]
+    assert not analysis["met"] and rep["ceiling_below_floor"] == rep["ceiling_below_target"] == [B]
+    assert rep["rest_needed"] == pytest.approx(1.3 ** 2 / (10.5 / 9.5), abs=1e-4)   # A alone must make up for B
     assert "Out of reach by the roofline" in gap.markdown(analysis)
 
 
@@ -136,6 +138,23 @@ def test_a_file_that_is_not_a_bench_result(setup, capsys):
     assert "is not a bench result" in capsys.readouterr().err
 
 
+def test_a_target_picks_its_part_of_a_suite_result(setup, capsys):
+    """A suite (kernel-factory bench --suite, or --from joining benches) holds several parts; problem and dtypes
+    pick one, and a target that matches none or several is refused with the parts it could have named."""
+    folder, targets, _ = setup
+    bench = json.loads((folder / "bench.json").read_text())
+    bf16 = {**bench, "rows": [r for r in bench["rows"] if r["dtype"] == "bfloat16"]}
+    fp16 = {**bench, "rows": [r for r in bench["rows"] if r["dtype"] == "float16"]}
+    (folder / "suite.json").write_text(json.dumps({"format": bench_suite.FORMAT, "suite": "t", "parts": [fp16, bf16]}))
+    targets["reports"][0].update(bench=str(folder / "suite.json"), problem="rmsnorm_fwd")
+    (rep,) = gap.analyse(gap.load_targets(write_targets(folder, targets)))["reports"]
+    assert rep["rows"] == 2 and rep["rows_below_floor"] == 1
+    targets["reports"][0].update(dtypes=None)
+    assert cli.main(["gap", str(write_targets(folder, targets))]) == cli.EXIT_BAD_INPUT
+    assert "parts rmsnorm_fwd (float16); rmsnorm_fwd (bfloat16): a report target on it needs 'problem' and 'dtypes' " \
+           "that pick exactly one" in capsys.readouterr().err
+
+
 def journal_times(path: Path, candidate: str, key: str) -> list[float]:
     """Every time a journal holds for one candidate at one case: its search result and its finalist re-time."""
     found = []
@@ -156,7 +175,7 @@ def test_gap_on_the_committed_h200_evidence(monkeypatch):
     analysis = gap.analyse(targets)
     assert len(analysis["reports"]) == len(targets.reports) == 3
     for target, rep in zip(targets.reports, analysis["reports"]):
-        bench = json.loads(Path(target.bench).read_text())
+        bench = gap.read_bench(target.bench, target.problem, target.dtypes)
         rows = [r for r in bench["rows"] if r["dtype"] in target.dtypes]
         ratios = [min(r["providers"][p]["us"] for p in bench["peers"] if "us" in r["providers"].get(p, {}))
                   / r["providers"]["factory"]["us"] for r in rows]
@@ -167,3 +186,20 @@ def test_gap_on_the_committed_h200_evidence(monkeypatch):
             best = row["search"]["best"]
             times = journal_times(Path(analysis["journals"][best["run"]]), best["candidate"], row["case"])
             assert any(t == pytest.approx(best["us"], abs=1e-3) for t in times), row["case"]
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`kernel-factory gap ... | head` can close the pipe before the report is written: a quiet exit 141, as from
+    a shell tool. Here the pipe's reader is closed before the command starts."""
+    import os
+    import subprocess
+    import sys
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kernel_factory.evo.cli", "gap",
+                               "configs/targets/rmsnorm-h200.yaml"], cwd=ROOT, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == cli.EXIT_BROKEN_PIPE and "Traceback" not in proc.stderr, proc.stderr
