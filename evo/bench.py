@@ -27,6 +27,7 @@ from kernel_factory.evo.protocols import MissingBaseline, Problem
 from kernel_factory.evo.types import Candidate, Case, Genome, GeneValue
 
 SUBJECT = "factory"
+COPY = "copy"   # a device copy moving the row's bytes, timed with the providers: the row's own roofline
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
         if why:   # a peer outside our tolerance (e.g. bf16 accumulation) is still timed, and the row says so
             notes[name] = why
         ready[name] = fn
+    ready[COPY] = row_copy(row["bytes"])
     timed, graphed = graph_where_short(timer, ready)
     for rep in range(max(1, repeat) if SUBJECT in timed else 1):
         names = list(timed) if rep == 0 else [SUBJECT]
@@ -143,6 +145,16 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
     del inputs
     torch.cuda.empty_cache()
     return row
+
+
+def row_copy(nbytes: int) -> Callable[[], Any]:
+    """A device-to-device copy of nbytes / 2 (so nbytes read and written), timed like a provider. Small copies do
+    not reach the bandwidth of the 1 GiB copy behind % copy; this one says what a kernel moving the row's bytes
+    can reach at the row's own size."""
+    import torch
+    src = torch.empty(max(1, nbytes // 2), dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
 
 
 def graph_where_short(timer: measure.Timer, fns: Mapping[str, Callable[[], Any]]) -> tuple[dict, set]:

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo.bench import SUBJECT
+from kernel_factory.evo.bench import COPY, SUBJECT
 
 FINGERPRINT_KEYS = ("gpu", "sm_count", "driver", "cuda_driver_api", "cuda_runtime", "nvrtc", "torch",
                     "pkg.triton", "pkg.quack-kernels", "pkg.liger-kernel", "pkg.nvidia-cutlass-dsl", "clocks_before",
@@ -83,13 +83,21 @@ def markdown(result: Mapping[str, Any]) -> str:
              f"first (by ratio to the best peer). Best peer: the fastest of {', '.join(best_of)} in each row.", ""]
     if result.get("partial"):
         lines += [f"**Partial**: the bench was stopped after {result['partial']}; only those are here.", ""]
-    head = ["case", "ours µs", "GB/s", "% copy", "best peer", "vs best"] + [f"vs {p}" for p in peers]
+    row_copies = any("us" in r["providers"].get(COPY, {}) for r in result["rows"])
+    if row_copies:
+        lines += [f"% row copy: a copy of the row's bytes, timed with the providers, over ours (its own time is in "
+                  f"the JSON and CSV as provider '{COPY}'): the roofline at the row's size.", ""]
+    head = ["case", "ours µs", "GB/s", "% copy", *(["% row copy"] if row_copies else []), "best peer",
+            "vs best"] + [f"vs {p}" for p in peers]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in worst_first(result):
         mine = row["providers"].get(SUBJECT, {})
         best = best_peer(row, best_of)
+        copy = row["providers"].get(COPY, {}).get("us")
         cells = [row["case"], fmt(mine.get("us"), ".1f") + (" g" if mine.get("graph") else ""),
                  fmt(mine.get("gbps"), ".0f"), fmt(mine.get("pct_copy"), ".0f", "%"),
+                 *([fmt(100 * copy / mine["us"] if copy and "us" in mine else None, ".0f", "%")] if row_copies
+                   else []),
                  f"{best[0]} {best[1]:.1f}" if best else "-",
                  fmt(best[1] / mine["us"] if best and "us" in mine else None)]
         for p in peers:

@@ -45,6 +45,16 @@ def test_markdown_says_what_happened():
     assert "1.111 *" in table[1] and "bfloat16:1024x8192 torch_eager: incorrect: dx off" in md
 
 
+def test_a_copy_timed_per_row_adds_the_row_roofline_column():
+    r = result()
+    r["rows"][1]["providers"]["copy"] = {"us": 40.0}
+    md = bench_report.markdown(r)
+    assert "| case | ours µs | GB/s | % copy | % row copy | best peer |" in md
+    row = next(l for l in md.splitlines() if l.startswith("| bfloat16:1024x4096"))
+    assert row.split(" | ")[4] == "80%"      # 40 µs copy / 50 µs ours
+    assert "% row copy" not in bench_report.markdown(result())
+
+
 def test_files_and_rerender(tmp_path, capsys):
     paths = bench_report.write(result(), tmp_path)
     assert paths["png"].stat().st_size > 1000

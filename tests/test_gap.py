@@ -106,6 +106,21 @@ def test_gap_met_and_the_roofline_verdict(setup):
     assert "Out of reach by the roofline" in gap.markdown(analysis)
 
 
+def test_a_copy_timed_at_the_rows_size_sets_the_ceiling(setup):
+    """Benches that time a copy of each row's bytes beside the providers (provider 'copy') give the tight roofline:
+    the ceiling uses that time rather than the bytes at the large copy's bandwidth."""
+    folder, targets, _ = setup
+    bench = json.loads((folder / "bench.json").read_text())
+    bench["rows"][0]["providers"]["copy"] = {"us": 8.0}
+    (folder / "bench.json").write_text(json.dumps(bench))
+    (rep,) = gap.analyse(gap.load_targets(write_targets(folder, targets)))["reports"]
+    a, b = rep["gaps"]
+    assert a["copy_us"] == 8.0 and a["ceiling"] == pytest.approx(9.0 / 8.0) and a["copy"] == "timed at the row's size"
+    assert b["copy_us"] == pytest.approx(9.5) and b["copy"] == "row bytes at the measured copy bandwidth"
+    assert "Copy µs: row bytes at the measured copy bandwidth; timed at the row's size." in gap.markdown(
+        {"close": 0.05, "journals": {}, "reports": [rep]})
+
+
 def test_gap_cli_writes_the_report(setup, capsys):
     folder, targets, _ = setup
     assert cli.main(["gap", str(write_targets(folder, targets)), "--out", str(folder / "out")]) == 0
