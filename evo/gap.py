@@ -188,7 +188,8 @@ def row_gap(row: Mapping[str, Any], peers: Sequence[str], copy_gbps: float, floo
     timed_copy = row["providers"].get(COPY, {}).get("us")   # benches since the per-row copy: the tight roofline
     copy_us = timed_copy or row["bytes"] / (copy_gbps * 1e3)
     ratio = peer_us / mine
-    out.update({"copy": "timed at the row's size" if timed_copy else "row bytes at the measured copy bandwidth","ours_us": round(mine, 3), "peer": peer, "peer_us": round(peer_us, 3), "ratio": round(ratio, 4),
+    out.update({"copy": "timed at the row's size" if timed_copy else "row bytes at the measured copy bandwidth",
+                "ours_us": round(mine, 3), "peer": peer, "peer_us": round(peer_us, 3), "ratio": round(ratio, 4),
                 "below_floor": ratio < floor, "copy_us": round(copy_us, 3),
                 "ours_pct_copy": round(100 * copy_us / mine, 1), "peer_pct_copy": round(100 * copy_us / peer_us, 1),
                 "ceiling": round(peer_us / copy_us, 4),
@@ -196,9 +197,9 @@ def row_gap(row: Mapping[str, Any], peers: Sequence[str], copy_gbps: float, floo
     return out
 
 
-def report_gap(target: ReportTarget, problem: Problem, index: Mapping[str, Sequence[export.Measurement]],
-               close: float) -> dict[str, Any]:
-    result = read_bench(target.bench, target.problem, target.dtypes)
+def report_gap(target: ReportTarget, result: Mapping[str, Any], problem: Problem,
+               index: Mapping[str, Sequence[export.Measurement]], close: float) -> dict[str, Any]:
+    """One target against its bench result (read_bench) and what the searches found at its rows."""
     rows = [r for r in result["rows"] if target.dtypes is None or r["dtype"] in target.dtypes]
     if not rows:
         have = sorted({r["dtype"] for r in result["rows"]})
@@ -243,7 +244,7 @@ def analyse(targets: Targets) -> dict[str, Any]:
         if key not in indexes:
             problem = export.problem_plugin(key[0])
             indexes[key] = (problem, search_index(problem, paths, key[1]))
-        reports.append(report_gap(target, *indexes[key], targets.close))
+        reports.append(report_gap(target, bench, *indexes[key], targets.close))
     return {"format": FORMAT, "close": targets.close, "journals": {k: str(v) for k, v in paths.items()},
             "met": all(r["met"] for r in reports), "reports": reports}
 
