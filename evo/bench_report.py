@@ -124,6 +124,9 @@ def markdown(result: Mapping[str, Any]) -> str:
     errors = [(row["case"], n, p["error"]) for row in result["rows"] for n, p in row["providers"].items() if "error" in p]
     if errors:
         lines += ["", "Providers without a time:"] + [f"- {c} {n}: {e[:160]}" for c, n, e in errors]
+    if result.get("compared"):
+        from kernel_factory.evo import bench_compare   # it reads ratios with this module's helpers
+        lines += bench_compare.section(result["compared"])
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from kernel_factory.evo import bench, bench_report, config, registry
+from kernel_factory.evo import bench, bench_compare, bench_report, config, registry
 from kernel_factory.evo.config import ConfigError
 
 FORMAT = "kernel-factory-bench-suite/1"
@@ -131,6 +131,8 @@ def markdown(result: Mapping[str, Any]) -> str:
         worst = f"{s['worst']:.3f} ({s['worst_case']})" if s["worst"] is not None else "-"
         lines.append(f"| {s['part']} | {s['problem']} | {s['dtype']} | {s['compared']} of {s['rows']} | "
                      f"{bench_report.fmt(s['geomean'])} | {worst} | {pct} |")
+    if result.get("compared"):
+        lines += bench_compare.section(result["compared"])
     for i, part in enumerate(result["parts"]):
         text = bench_report.markdown(part).replace("# Bench:", f"## Part {i}:", 1)
         lines += ["", text.rstrip()]

@@ -68,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="time launches shorter than this as CUDA-graph replays (default 30; 0: never)")
     ben.add_argument("--out", help="folder for bench.{json,csv,md,png}")
     ben.add_argument("--stem", default="bench", help="file name stem in --out")
+    ben.add_argument("--compare", metavar="JSON", nargs="+",
+                     help="earlier bench or suite JSONs (several are joined): each row's ratio to the best peer "
+                          "before and now, regressions first")
+    ben.add_argument("--regression-pct", type=float, default=2.0,
+                     help="a fall in a row's ratio to the best peer larger than this (%%) is a regression")
     ben.add_argument("--from", dest="from_json", nargs="+", metavar="JSON",
                      help="re-render a recorded bench or suite JSON, or join several bench JSONs into one suite "
                           "report (no GPU needed)")
@@ -182,6 +187,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return EXIT_INTERRUPTED
             result = so_far[0]
+    if args.compare:
+        from kernel_factory.evo import bench_compare
+        before = [read_bench_json(name) for name in args.compare]
+        previous = before[0] if len(before) == 1 else {"parts": [p for b in before for p in bench_compare.parts(b)]}
+        result["compared"] = bench_compare.compare(result, previous, ", ".join(args.compare), args.regression_pct)
     render = bench_suite if result.get("format") == bench_suite.FORMAT else bench_report
     print(render.markdown(result))
     if args.out:
@@ -194,26 +204,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_bench_json(name: str) -> dict:
+    """A bench or suite result written by `kernel-factory bench --out`, or a one-line error."""
+    import json
+    from kernel_factory.evo import bench
+    try:
+        result = json.loads(Path(name).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{name!r}: cannot read a bench result ({exc})") from None
+    parts = result.get("parts", [result]) if isinstance(result, dict) else []
+    if not parts or not all(isinstance(p, dict) and "fingerprint" in p and "rows" in p for p in parts):
+        raise ConfigError(f"{name!r} is not a bench or suite result (kernel-factory bench --out writes one)")
+    for part in parts:
+        if "peers" not in part:   # recorded before results named them: the problem's published peers
+            try:
+                part["peers"] = bench.published_peers(registry.load("problem", part["problem"]), part["baselines"])
+            except (ConfigError, registry.PluginError):
+                pass   # a problem not installed here: every baseline counts
+    return result
+
+
 def recorded_bench(files: list[str]) -> dict:
     """`--from`: one recorded bench or suite JSON, or several bench JSONs joined into a suite; nothing is timed."""
-    import json
-    from kernel_factory.evo import bench, bench_suite
+    from kernel_factory.evo import bench_suite
     results = []
     for name in files:
-        try:
-            result = json.loads(Path(name).read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"--from {name!r}: cannot read a bench result ({exc})") from None
-        parts = result.get("parts", [result]) if isinstance(result, dict) else []
-        if not parts or not all(isinstance(p, dict) and "fingerprint" in p and "rows" in p for p in parts):
-            raise ConfigError(f"--from {name!r} is not a bench or suite result (kernel-factory bench --out writes one)")
-        for part in parts:
-            if "peers" not in part:   # recorded before results named them: the problem's published peers
-                try:
-                    part["peers"] = bench.published_peers(registry.load("problem", part["problem"]),
-                                                          part["baselines"])
-                except (ConfigError, registry.PluginError):
-                    pass   # a problem not installed here: every baseline counts
+        result = read_bench_json(name)
+        for part in result.get("parts", [result]):
             print(f"(re-rendered from {name}: {part['problem']} measured on {part['fingerprint'].get('gpu', '?')} "
                   f"{part['fingerprint'].get('date', '')[:10]}; nothing was timed now)")
         results.append(result)
