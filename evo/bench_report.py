@@ -134,16 +134,26 @@ def to_csv(result: Mapping[str, Any]) -> str:
     buf = io.StringIO()
     buf.write("# " + json.dumps(result["fingerprint"], sort_keys=True) + "\n")
     w = csv.writer(buf)
-    w.writerow(["case", "dtype", "M", "N", "bytes", "provider", "us", "iqr_us", "gbps", "pct_copy", "graph",
-                "ratio_vs_provider", "repeat_us", "error"])
+    w.writerow(CSV_HEADER)
+    w.writerows(csv_rows(result))
+    return buf.getvalue()
+
+
+CSV_HEADER = ["case", "dtype", "M", "N", "bytes", "provider", "us", "iqr_us", "gbps", "pct_copy", "graph",
+              "ratio_vs_provider", "repeat_us", "error"]
+
+
+def csv_rows(result: Mapping[str, Any]) -> list[list[Any]]:
+    """One CSV row per row and provider (CSV_HEADER's columns)."""
+    out = []
     for row in result["rows"]:
         for name, p in row["providers"].items():
             r = ratio(row, name) if name != SUBJECT else 1.0
-            w.writerow([row["case"], row["dtype"], *row["shape"], row["bytes"], name, p.get("us", ""),
+            out.append([row["case"], row["dtype"], *row["shape"], row["bytes"], name, p.get("us", ""),
                         p.get("iqr_us", ""), p.get("gbps", ""), p.get("pct_copy", ""), p.get("graph", ""),
                         r if r is not None else "", ";".join(f"{v:.3f}" for v in p.get("repeat_us", [])),
                         p.get("error", "")])
-    return buf.getvalue()
+    return out
 
 
 def chart(result: Mapping[str, Any], path: Path) -> None:

@@ -68,6 +68,25 @@ def load(path: str | Path, **overrides: Any) -> Suite:
     return suite
 
 
+def read(name: str | Path) -> dict[str, Any]:
+    """A bench or suite result written by `kernel-factory bench --out`, or a one-line error. Parts recorded before
+    results named their peers get the problem's published peers."""
+    try:
+        result = json.loads(Path(name).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{str(name)!r}: cannot read a bench result ({exc})") from None
+    found = result.get("parts", [result]) if isinstance(result, dict) else []
+    if not found or not all(isinstance(p, dict) and "fingerprint" in p and "rows" in p for p in found):
+        raise ConfigError(f"{str(name)!r} is not a bench or suite result (kernel-factory bench --out writes one)")
+    for part in found:
+        if "peers" not in part:
+            try:
+                part["peers"] = bench.published_peers(registry.load("problem", part["problem"]), part["baselines"])
+            except (ConfigError, registry.PluginError):
+                pass   # a problem not installed here: every baseline counts
+    return result
+
+
 def combined(parts: Sequence[Mapping[str, Any]], total: int, source: str) -> dict[str, Any]:
     out = {"format": FORMAT, "suite": source, "parts": list(parts)}
     if len(parts) < total or any(p.get("partial") for p in parts):
@@ -142,13 +161,12 @@ def markdown(result: Mapping[str, Any]) -> str:
 def to_csv(result: Mapping[str, Any]) -> str:
     """One CSV: each part's rows (bench_report.to_csv) with the part and problem in front."""
     buf = io.StringIO()
-    w = csv.writer(buf)
     for i, part in enumerate(result["parts"]):
         buf.write(f"# part {i} {part['problem']}: " + json.dumps(part["fingerprint"], sort_keys=True) + "\n")
-        rows = list(csv.reader(io.StringIO(bench_report.to_csv(part).split("\n", 1)[1])))
-        if i == 0:
-            w.writerow(["part", "problem", *rows[0]])
-        w.writerows([[i, part["problem"], *r] for r in rows[1:]])
+    w = csv.writer(buf)
+    w.writerow(["part", "problem", *bench_report.CSV_HEADER])
+    for i, part in enumerate(result["parts"]):
+        w.writerows([[i, part["problem"], *r] for r in bench_report.csv_rows(part)])
     return buf.getvalue()
 
 

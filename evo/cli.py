@@ -189,7 +189,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             result = so_far[0]
     if args.compare:
         from kernel_factory.evo import bench_compare
-        before = [read_bench_json(name) for name in args.compare]
+        before = [bench_suite.read(name) for name in args.compare]
         previous = before[0] if len(before) == 1 else {"parts": [p for b in before for p in bench_compare.parts(b)]}
         result["compared"] = bench_compare.compare(result, previous, ", ".join(args.compare), args.regression_pct)
     render = bench_suite if result.get("format") == bench_suite.FORMAT else bench_report
@@ -204,32 +204,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_bench_json(name: str) -> dict:
-    """A bench or suite result written by `kernel-factory bench --out`, or a one-line error."""
-    import json
-    from kernel_factory.evo import bench
-    try:
-        result = json.loads(Path(name).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{name!r}: cannot read a bench result ({exc})") from None
-    parts = result.get("parts", [result]) if isinstance(result, dict) else []
-    if not parts or not all(isinstance(p, dict) and "fingerprint" in p and "rows" in p for p in parts):
-        raise ConfigError(f"{name!r} is not a bench or suite result (kernel-factory bench --out writes one)")
-    for part in parts:
-        if "peers" not in part:   # recorded before results named them: the problem's published peers
-            try:
-                part["peers"] = bench.published_peers(registry.load("problem", part["problem"]), part["baselines"])
-            except (ConfigError, registry.PluginError):
-                pass   # a problem not installed here: every baseline counts
-    return result
-
-
 def recorded_bench(files: list[str]) -> dict:
     """`--from`: one recorded bench or suite JSON, or several bench JSONs joined into a suite; nothing is timed."""
     from kernel_factory.evo import bench_suite
     results = []
     for name in files:
-        result = read_bench_json(name)
+        result = bench_suite.read(name)
         for part in result.get("parts", [result]):
             print(f"(re-rendered from {name}: {part['problem']} measured on {part['fingerprint'].get('gpu', '?')} "
                   f"{part['fingerprint'].get('date', '')[:10]}; nothing was timed now)")

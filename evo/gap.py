@@ -76,12 +76,8 @@ def load_targets(path: str | Path) -> Targets:
 def read_bench(path: str | Path, problem: str | None = None,
                dtypes: Sequence[str] | None = None) -> dict[str, Any]:
     """A bench result; from a suite result, its one part of `problem` that benched all of `dtypes`."""
-    try:
-        result = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read a bench result ({exc})") from None
-    fmt = str(result.get("format", "")) if isinstance(result, dict) else ""
-    if fmt == bench_suite.FORMAT:
+    result = bench_suite.read(path)
+    if "parts" in result:
         parts = [p for p in result["parts"] if p["problem"] == problem
                  and set(dtypes or ()) <= {r["dtype"] for r in p["rows"]}]
         if len(parts) != 1:
@@ -90,8 +86,6 @@ def read_bench(path: str | Path, problem: str | None = None,
             raise ConfigError(f"{path} is a suite with parts {have}: a report target on it needs 'problem' and "
                               f"'dtypes' that pick exactly one (got {problem!r}, {list(dtypes or [])})")
         return parts[0]
-    if not fmt.startswith("kernel-factory-bench/"):
-        raise ConfigError(f"{path} is not a bench result (kernel-factory bench --out writes one)")
     if problem is not None and result.get("problem") != problem:
         raise ConfigError(f"{path} benches {result.get('problem')!r}, not {problem!r}")
     return result

@@ -150,7 +150,7 @@ def test_a_file_that_is_not_a_bench_result(setup, capsys):
     folder, targets, _ = setup
     (folder / "bench.json").write_text(json.dumps({"rows": []}))
     assert cli.main(["gap", str(write_targets(folder, targets))]) == cli.EXIT_BAD_INPUT
-    assert "is not a bench result" in capsys.readouterr().err
+    assert "is not a bench or suite result" in capsys.readouterr().err
 
 
 def test_a_target_picks_its_part_of_a_suite_result(setup, capsys):
