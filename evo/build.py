@@ -10,11 +10,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from kernel_factory.evo import registry
-from kernel_factory.evo.config import ConfigError, RunConfig
-from kernel_factory.evo.protocols import SHAPE_SETS, Evaluator, Observer, Problem
-from kernel_factory.evo.types import Case, GeneSpace
-from kernel_factory.evo.variation import WeightedOperator
+from . import registry
+from .config import ConfigError, RunConfig
+from .protocols import SHAPE_SETS, Evaluator, Observer, Problem
+from .types import Case, GeneSpace
+from .variation import WeightedOperator
 
 
 @dataclass
@@ -118,7 +118,7 @@ def restrict_space(space: GeneSpace, choices: Mapping[str, tuple]) -> GeneSpace:
 
 def evaluator_kind(cfg: RunConfig) -> tuple[str, str | None]:
     """(kind, reason): 'auto' becomes gpu when a GPU is usable, else replay with the reason there is none."""
-    from kernel_factory.evo.evaluate.gpu import gpu_unavailable_reason
+    from .evaluate.gpu import gpu_unavailable_reason
     reason = gpu_unavailable_reason() if cfg.evaluator.kind in ("auto", "gpu") else None
     if cfg.evaluator.kind == "gpu" and reason:
         raise ConfigError(f"config key 'evaluator.kind' is 'gpu' but this machine cannot run it: {reason}. "

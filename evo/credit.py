@@ -7,8 +7,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from kernel_factory.evo.history import Outcome
-from kernel_factory.evo.types import Status
+from .history import Outcome
+from .types import Status
 
 FAILURES = (Status.COMPILE_ERROR, Status.INCORRECT, Status.CRASHED, Status.TIMEOUT)
 GPU_S_FLOOR = 0.01     # a compile error costs no GPU time; this keeps its (zero) reward rate finite

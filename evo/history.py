@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from kernel_factory.evo.types import Candidate, EvalResult, GeneValue, Genome, Status
+from .types import Candidate, EvalResult, GeneValue, Genome, Status
 
 
 @dataclass(frozen=True)

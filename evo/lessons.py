@@ -8,8 +8,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from kernel_factory.evo.history import Outcome, Record
-from kernel_factory.evo.types import GeneValue, Status
+from .history import Outcome, Record
+from .types import GeneValue, Status
 
 MIN_FAILS = 3          # evaluations, all failing the same way, before a value (or pair) is forbidden
 MIN_TRIES = 12         # children carrying a freshly changed value before "never improves" can be said

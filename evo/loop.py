@@ -20,11 +20,11 @@ from typing import Sequence
 
 from deap import base, tools
 
-from kernel_factory.evo.config import SearchConfig
-from kernel_factory.evo.history import History, Record
-from kernel_factory.evo.protocols import Evaluator, GenerationStats, Observer, RunSummary, throughput
-from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, Genome, Status
-from kernel_factory.evo.variation import Proposer, initial_population, seeded_global_random
+from .config import SearchConfig
+from .history import History, Record
+from .protocols import Evaluator, GenerationStats, Observer, RunSummary, throughput
+from .types import Candidate, EvalResult, GeneSpace, Genome, Status
+from .variation import Proposer, initial_population, seeded_global_random
 
 
 class FitnessMax(base.Fitness):

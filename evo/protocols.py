@@ -5,11 +5,15 @@ Each contract is narrow on purpose; tests/test_contracts.py holds the conformanc
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from kernel_factory.evo.types import Candidate, Case, EvalResult, GeneSpace, GeneValue, Genome
+import numpy as np
+
+from ..kernels import recipe
+from .types import Candidate, Case, EvalResult, GeneSpace, GeneValue, Genome
 
 SHAPE_SETS = ("benchmark", "correctness", "heldout")
 
@@ -34,6 +38,34 @@ class Launch:
 def launch_steps(plan: "Launch | Sequence[Launch]") -> tuple[Launch, ...]:
     """A problem's launch plan as a sequence: one Launch, or several run in order on the same stream."""
     return (plan,) if isinstance(plan, Launch) else tuple(plan)
+
+
+SCALARS = {"i32": np.int32, "f32": np.float32}
+
+
+def recipe_value(expr: Any, names: Mapping[str, Any]) -> Any:
+    """A launch-recipe expression's value (kernels/recipe.py), for plugins that share an expression with Python."""
+    return recipe.value(expr, names)
+
+
+def recipe_names(recipe_: Mapping[str, Any], m: int, n: int, eps: float = 0.0,
+                 addresses: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Every name a launch recipe defines, for an (m, n) case (what a plugin's checks and tests read)."""
+    return recipe.names(recipe_, m, n, eps, addresses)
+
+
+def launch_from_recipe(recipe_: Mapping[str, Any], case: Case, tensors: Mapping[str, Any],
+                       eps: float = 0.0) -> tuple[Launch, ...]:
+    """The Launch steps of a launch recipe (kernels/recipe.py) for a case of shape (..., N), with its tensors by
+    name: how problems launch, so that the factory times exactly the plan that export hands to the library op."""
+    n = case.shape[-1]
+    m = math.prod(case.shape[:-1])
+    addresses = {name: t.data_ptr() for name, t in tensors.items() if hasattr(t, "data_ptr")}
+    plan = recipe.evaluate(recipe_, m, n, eps, addresses)
+    return tuple(Launch(grid=(s.grid, 1, 1), block=(s.block, 1, 1), shared_bytes=s.smem,
+                        args=tuple(tensors[a] if kind == "ptr" else SCALARS[kind](a) for kind, a in s.args),
+                        kernel=s.kernel, cluster=(s.cluster, 1, 1) if s.cluster > 1 else None)
+                 for s in plan.steps)
 
 
 class MissingBaseline(Exception):

@@ -14,16 +14,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from kernel_factory.evo import build, config as config_mod
-from kernel_factory.evo.config import ConfigError, RunConfig
-from kernel_factory.evo.history import History, Record
-from kernel_factory.evo.loop import evolve
-from kernel_factory.evo.lessons import to_markdown
-from kernel_factory.evo import credit
-from kernel_factory.evo.observers import journal
-from kernel_factory.evo.protocols import Evaluator, EvaluatorInfo, RunInfo, RunSummary
-from kernel_factory.evo.types import Candidate, EvalResult
-from kernel_factory.evo.variation import Proposer
+from . import build, config as config_mod
+from .config import ConfigError, RunConfig
+from .history import History, Record
+from .loop import evolve
+from .lessons import to_markdown
+from . import credit
+from .observers import journal
+from .protocols import Evaluator, EvaluatorInfo, RunInfo, RunSummary
+from .types import Candidate, EvalResult
+from .variation import Proposer
 
 PRIOR_FILE = "prior.jsonl"
 
@@ -59,7 +59,7 @@ def _prior(cfg: RunConfig, run: build.Run, gpu: str, key: str, run_id: str) -> l
     wanted = s.policy == "bandit" or s.lessons or s.surrogate.enabled or s.warm_start.enabled
     if "mlflow" not in cfg.observers or not wanted:
         return []
-    from kernel_factory.evo.observers.mlflow_store import load_prior
+    from .observers.mlflow_store import load_prior
     return load_prior(cfg.tracking.store, cfg.tracking.experiment or run.problem.name, run.problem.space, gpu, key,
                       run_id)
 
@@ -70,7 +70,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     run_id = run_id or new_run_id(run.problem.name)
     folder = Path(cfg.out_dir) / run_id
     evaluator = build.make_evaluator(run, kind)
-    from kernel_factory.evo.observers.mlflow_store import cases_key
+    from .observers.mlflow_store import cases_key
     key = cases_key(run.problem.name, run.cases, run.baseline)
     if resume:
         known = {r["candidate"]["id"]: EvalResult.from_json(r["result"])
@@ -116,16 +116,15 @@ def table_seeds(path: str | None, problem, space) -> list:
     """The genomes of a dispatch table that are feasible in this run's space (per-shape winners of earlier runs)."""
     if not path:
         return []
-    from kernel_factory.evo import dispatch
+    from .tools import dispatch
     table = dispatch.load(path)
     if table.get("problem") != problem.name:
         raise ConfigError(f"config key 'search.seeds_from': {path!r} is a table for {table.get('problem')!r}, "
                           f"not {problem.name!r}")
-    from kernel_factory.evo.export import adapt
     seeds = []
     for gid in sorted(table.get("genomes", {})):
         g = dispatch.genome(table, gid)   # a table from before a gene was added: that gene at its default
-        adapted = adapt(g.gene_dict, g.patch_dict, problem)[0]
+        adapted = render.adapt(g.gene_dict, g.patch_dict, problem)[0]
         if adapted is not None and space.why_infeasible(adapted.gene_dict) is None:
             seeds.append(adapted)
     return seeds

@@ -11,8 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from kernel_factory.evo.history import Record
-from kernel_factory.evo.types import Candidate, GeneSpace, Status
+from .history import Record
+from .types import Candidate, GeneSpace, Status
 
 FAILED_TARGET = math.log(0.05)   # what a failure "scores": far below any working kernel (fitness ~0.3..2)
 RIDGE = 5.0      # chosen on the H200 recording: rank correlation 0.88-0.96 from 50-400 training genomes

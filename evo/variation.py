@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterator, Mapping, Sequence
 
-from kernel_factory.evo import credit, lessons
-from kernel_factory.evo.config import SearchConfig
-from kernel_factory.evo.history import History
-from kernel_factory.evo.protocols import ContextOperator, Operator, OperatorContext, Problem, RepairOperator
-from kernel_factory.evo.surrogate import Surrogate, screen
-from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, Genome
+from . import credit, lessons
+from .config import SearchConfig
+from .history import History
+from .protocols import ContextOperator, Operator, OperatorContext, Problem, RepairOperator
+from .surrogate import Surrogate, screen
+from .types import Candidate, EvalResult, GeneSpace, Genome
 
 MAX_TRIES = 100  # attempts to breed one feasible, unseen, accepted child before giving up on that slot
 

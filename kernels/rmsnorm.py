@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kernel_factory.evo.types import Case
-from kernel_factory.kernels import runtime
+from ..evo.types import Case
+from . import runtime
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FWD = runtime.Kernels("rmsnorm_fwd")

@@ -10,12 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from kernel_factory.evo import dispatch
-from kernel_factory.evo.evaluate import render
-from kernel_factory.evo.evaluate.compile import CompileCache, CompileOutput, cache_key, nvrtc_version
-from kernel_factory.evo.export import adapt, problem_plugin
-from kernel_factory.evo.protocols import Launch, Problem, launch_steps
-from kernel_factory.evo.types import BuildInfo, Case, Genome
+from ..evo.tools import dispatch
+from ..evo.evaluate import render
+from ..evo.evaluate.compile import CompileCache, CompileOutput, cache_key, nvrtc_version
+from ..evo.tools.export import adapt, problem_plugin
+from ..evo.protocols import Launch, Problem, launch_steps
+from ..evo.types import BuildInfo, Case, Genome
 
 OPS_DIR = Path(__file__).resolve().parent / "ops"
 ARCH_CAPABILITY = (9, 0)   # the cubins are sm_90a: H100 / H200 only
@@ -136,7 +136,7 @@ class Kernels:
         key = (genome.id, dtype, device_index)
         with self._lock:
             if key not in self._modules:
-                from kernel_factory.evo.evaluate.launcher import Module
+                from ..evo.evaluate.launcher import Module
                 self._modules[key] = Module(self.cubin(genome, dtype), self.problem.kernel_name)
             return self._modules[key]
 
@@ -159,7 +159,7 @@ class Kernels:
         The plan is made once per (dtype, shape, device, pointer alignments, scalars): later calls only put their
         tensors' addresses into the cached launches (the problem's launch() sees nothing else of a tensor)."""
         import torch
-        from kernel_factory.evo.evaluate.launcher import Prepared, torch_stream
+        from ..evo.evaluate.launcher import Prepared, torch_stream
         tensors = {**inputs, **outputs}
         addresses = {name: t.data_ptr() for name, t in tensors.items() if hasattr(t, "data_ptr")}
         device = next(t.device for t in tensors.values() if hasattr(t, "device"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from kernel_factory.evo.types import GeneSpace, Genome
+from ..evo.types import GeneSpace, Genome
 
 
 class GeneMutation:

@@ -7,8 +7,8 @@ import random
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from kernel_factory.evo.types import Candidate, EvalResult, Status
-from kernel_factory.operators.llm_client import Agent
+from ..evo.types import Candidate, EvalResult, Status
+from .llm_client import Agent
 
 USAGE_NOTE = "llm/usage.json"
 CHILD_COST_FLOOR = 0.001   # dollars a child counts as costing at least, so free local agents compare by success

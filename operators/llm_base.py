@@ -6,12 +6,12 @@ import json
 import random
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo.evaluate import render
-from kernel_factory.evo.protocols import OperatorContext
-from kernel_factory.evo.types import Candidate, GeneSpace, Genome, Status
-from kernel_factory.operators import llm_edits, llm_prompts
-from kernel_factory.operators.llm_agents import USAGE_NOTE, AgentPool, Ledger, outcomes
-from kernel_factory.operators.llm_client import Agent, ChatClient, Reply
+from ..evo.evaluate import render
+from ..evo.protocols import OperatorContext
+from ..evo.types import Candidate, GeneSpace, Genome, Status
+from . import llm_edits, llm_prompts
+from .llm_agents import USAGE_NOTE, AgentPool, Ledger, outcomes
+from .llm_client import Agent, ChatClient, Reply
 
 # Patch keys that no template has: they keep a failed call's or edit's text in the genome, so that its id is unique
 # and it can never be rendered or compiled (the proposer never breeds from such a candidate).

@@ -7,10 +7,10 @@ import string
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from kernel_factory.evo.evaluate import render
-from kernel_factory.evo.protocols import OperatorContext
-from kernel_factory.evo.types import Candidate, Case, EvalResult, Status
-from kernel_factory.operators import llm_edits
+from ..evo.evaluate import render
+from ..evo.protocols import OperatorContext
+from ..evo.types import Candidate, Case, EvalResult, Status
+from . import llm_edits
 
 MAX_SOURCE_CHARS = 40_000     # the RMSNorm template renders to ~16 k; a larger one is cut with a note
 MAX_MESSAGE_CHARS = 3_000     # a compiler log or mismatch summary in a repair prompt

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo.types import Candidate, EvalResult, Status
-from kernel_factory.operators import llm_prompts
-from kernel_factory.operators.llm_base import LlmOperator
+from ..evo.types import Candidate, EvalResult, Status
+from . import llm_prompts
+from .llm_base import LlmOperator
 
 REPAIRABLE = (Status.COMPILE_ERROR, Status.INCORRECT)
 

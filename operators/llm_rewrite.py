@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo.types import Candidate
-from kernel_factory.operators import llm_prompts
-from kernel_factory.operators.llm_base import LlmOperator
+from ..evo.types import Candidate
+from . import llm_prompts
+from .llm_base import LlmOperator
 
 
 class LlmRewrite(LlmOperator):

@@ -2,8 +2,8 @@
 the tiling, so the effect of one instruction choice is measured on an otherwise unchanged kernel."""
 from __future__ import annotations
 
-from kernel_factory.evo.types import GeneSpace
-from kernel_factory.operators.gene_mutation import GeneMutation
+from ..evo.types import GeneSpace
+from .gene_mutation import GeneMutation
 
 
 class PtxMutation(GeneMutation):

@@ -11,9 +11,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from kernel_factory.evo.protocols import Launch, MissingBaseline
-from kernel_factory.evo.types import Case, Gene, GeneSpace, GeneValue
-from kernel_factory.kernels import templates
+from ..evo.protocols import Launch, MissingBaseline, launch_from_recipe, recipe_names, recipe_value
+from ..evo.types import Case, Gene, GeneSpace, GeneValue
+from ..kernels import templates
 
 EPS = 1e-6                 # the forward's eps (rmsnorm_fwd); make_inputs computes rstd with it
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -140,17 +140,71 @@ SPACE = GeneSpace(
 )
 
 
+# Rows of the dw-partial scratch output: the most any genome's plan writes for an (M, N) case.
+SCRATCH_ROWS = ["max", MAX_ROWS_PER_CTA, ["min", ["add", "M", MAX_ROWS_PER_CTA], SMS * MAX_CTAS_PER_SM,
+                                          ["div", SCRATCH_BYTES, ["mul", 4, "N"]]]]
+
+
 def scratch_rows(m: int, n: int) -> int:
-    """Rows of the dw-partial scratch output: the most any genome's plan writes for an (m, n) case."""
-    return max(MAX_ROWS_PER_CTA, min(m + MAX_ROWS_PER_CTA, SMS * MAX_CTAS_PER_SM, SCRATCH_BYTES // (4 * n)))
+    """Rows of the dw-partial scratch output for an (m, n) case."""
+    return recipe_value(SCRATCH_ROWS, {"M": m, "N": n})
+
+
+def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
+    """The launch recipe (kernels/recipe.py): the vector path where N and the pointers allow it; dw partials in
+    registers when the register vectors cover the row (one row group), else in shared memory when it holds them for
+    ctas_per_sm CTAs per SM (more would leave CTAs of the persistent grid for a second wave), else in global memory;
+    a persistent grid of ctas_per_sm CTAs per SM (fewer when M or the scratch is smaller); then rmsnorm_bwd_dw sums
+    the `partial_rows` rows of partials with CTAs that each cover `qx` runs of `dw_width` columns (4: float4 loads;
+    1: any N)."""
+    threads, rows, cluster = int(g["threads"]), int(g["rows_per_cta"]), int(g["cluster"])
+    tpr = threads // rows
+    vec_bytes = int(g["vec_bytes"])
+    vec = vec_bytes // DTYPE_BYTES[dtype]
+    ring = ring_bytes(g)
+    aligned = ["and", *(["le", vec_bytes, ["align", t]] for t in ("x", "dy", "dx")),
+               *(["le", 16, ["align", t]] for t in ("w", "dw", "dw_partial"))]
+    in_regs = g["dw_acc"] == "regs" and rows == 1
+    resident = RESIDENT_CLUSTERS.get(cluster, SMS // cluster) * int(g["ctas_per_sm"])   # clusters that fit at once
+    let = [
+        ["aligned", aligned],
+        ["vector", ["and", "aligned", ["eq", ["mod", "N", vec], 0]]],
+        ["width", ["if", "vector", vec, 1]],
+        ["vecs", ["cdiv", ["div", "N", "width"], tpr * cluster]],
+        ["partials", ["mul", "vecs", ["mul", "width", rows * tpr * 4]]],
+        ["own", ["add", static_smem(g) + SMEM_SLACK + ring, "partials"]],
+        ["in_regs", ["and", in_regs, ["le", "vecs", int(g["reg_vecs"])]]],
+        ["in_smem", ["and", ["le", "own", MAX_SMEM_PER_CTA],
+                     ["le", ["mul", int(g["ctas_per_sm"]), ["add", "own", 1024]], SMEM_PER_SM]]],
+        ["flags", ["if", "in_regs", 0, ["if", "in_smem", PLAN_DW_SMEM, PLAN_DW_GLOBAL]]],
+        ["shared", ["if", ["and", ["not", "in_regs"], "in_smem"], ["add", ring, "partials"], ring]],
+        ["scratch", SCRATCH_ROWS],
+        ["cap", ["div", "scratch", ["if", ["eq", "flags", PLAN_DW_GLOBAL], rows, 1]]],
+        ["slots", ["max", 1, ["min", ["cdiv", "M", rows], resident, "cap"]]],
+        ["partial_rows", ["if", ["eq", "flags", PLAN_DW_GLOBAL], ["mul", "slots", rows], "slots"]],
+        ["dw_width", ["if", ["and", ["eq", ["mod", "N", 4], 0], "aligned"], 4, 1]],
+        ["columns", ["cdiv", "N", "dw_width"]],
+        ["qx", ["if", ["le", SMS, ["cdiv", "columns", 8]], 8, ["if", ["le", SMS, ["cdiv", "columns", 4]], 4,
+                ["if", ["le", SMS, ["cdiv", "columns", 2]], 2, 1]]]],
+    ]
+    main = {"kernel": "rmsnorm_bwd", "grid": ["mul", "slots", cluster], "block": threads, "cluster": cluster,
+            "smem": "shared",
+            "args": [["ptr", "x"], ["ptr", "w"], ["ptr", "dy"], ["ptr", "rstd"], ["ptr", "dx"], ["ptr", "dw_partial"],
+                     ["i32", "M"], ["i32", "N"], ["i32", "slots"],
+                     ["i32", ["add", "flags", ["if", "vector", PLAN_VECTOR, 0]]]]}
+    reduce = {"kernel": "rmsnorm_bwd_dw", "grid": ["cdiv", "columns", "qx"], "block": DW_THREADS,
+              "args": [["ptr", "dw_partial"], ["ptr", "dw"], ["i32", "partial_rows"], ["i32", "N"], ["i32", "qx"],
+                       ["i32", ["if", ["eq", "dw_width", 4], 1, 0]]]}
+    return {"let": let, "buffers": {"dw_partial": {"dtype": "float32", "shape": ["scratch", "N"]}},
+            "steps": [main, reduce]}
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What launch() derives from genes and a case. The main kernel runs `slots` CTAs (clusters of `cluster` CTAs
-    when cluster > 1) with the template's plan `flags` and `shared_bytes` of dynamic shared memory, and writes
-    `partial_rows` rows of dw partials; rmsnorm_bwd_dw sums them with `dw_grid` CTAs, each covering `dw_qx` runs of
-    `dw_width` columns (4: float4 loads; 1: any N)."""
+    """The recipe's values for one case: the main kernel runs `slots` CTAs (clusters of `cluster` CTAs when
+    cluster > 1) with the template's plan `flags` and `shared_bytes` of dynamic shared memory, and writes
+    `partial_rows` rows of dw partials; rmsnorm_bwd_dw sums them with `dw_grid` CTAs of `dw_qx` runs of `dw_width`
+    columns."""
 
     slots: int
     cluster: int
@@ -168,35 +222,12 @@ class Plan:
 
 
 def plan(g: Mapping[str, GeneValue], m: int, n: int, dtype: str, aligned: bool = True) -> Plan:
-    """The launch plan: the vector path where N and the pointers allow it; dw partials in registers when the
-    register vectors cover the row (one row group), else in shared memory when it holds them for ctas_per_sm CTAs
-    per SM (more would leave CTAs of the persistent grid for a second wave), else in global memory;
-    a persistent grid of ctas_per_sm CTAs per SM (fewer when M or the scratch is smaller)."""
-    threads, rows, cluster = int(g["threads"]), int(g["rows_per_cta"]), int(g["cluster"])
-    tpr = threads // rows
-    vec = int(g["vec_bytes"]) // DTYPE_BYTES[dtype]
-    vector = aligned and n % vec == 0
-    width = vec if vector else 1
-    vecs_per_thread = -(-(n // width) // (tpr * cluster))
-    smem, ring = rows * vecs_per_thread * width * tpr * 4, ring_bytes(g)
-    own = static_smem(g) + SMEM_SLACK + ring + smem   # per CTA, with the partials in shared memory
-    if g["dw_acc"] == "regs" and rows == 1 and vecs_per_thread <= int(g["reg_vecs"]):
-        flags, shared = 0, ring
-    elif own <= MAX_SMEM_PER_CTA and int(g["ctas_per_sm"]) * (own + 1024) <= SMEM_PER_SM:
-        flags, shared = PLAN_DW_SMEM, ring + smem
-    else:
-        flags, shared = PLAN_DW_GLOBAL, ring
-    cap = scratch_rows(m, n) // (rows if flags == PLAN_DW_GLOBAL else 1)
-    resident = RESIDENT_CLUSTERS.get(cluster, SMS // cluster) * int(g["ctas_per_sm"])   # clusters that fit at once
-    slots = max(1, min(-(-m // rows), resident, cap))
-    partial_rows = slots * rows if flags == PLAN_DW_GLOBAL else slots
-    dw_width = 4 if n % 4 == 0 and aligned else 1
-    columns = -(-n // dw_width)
-    qx = 8
-    while qx > 1 and -(-columns // qx) < SMS:
-        qx //= 2
-    return Plan(slots, cluster, flags | (PLAN_VECTOR if vector else 0), shared, partial_rows, dw_width, qx,
-                -(-columns // qx))
+    """The recipe evaluated for an (m, n) case, every tensor 16-byte aligned (else 2-byte aligned)."""
+    align = 16 if aligned else 2
+    v = recipe_names(recipe(g, dtype), m, n, 0.0,
+                     {t: align for t in ("x", "dy", "dx", "w", "dw", "dw_partial")})
+    return Plan(v["slots"], int(g["cluster"]), v["flags"] + (PLAN_VECTOR if v["vector"] else 0), v["shared"],
+                v["partial_rows"], v["dw_width"], v["qx"], -(-v["columns"] // v["qx"]))
 
 
 BENCHMARK = ((32768, 256), (32768, 512), (32768, 1024), (32768, 2048), (32768, 4096), (32768, 8192),
@@ -298,24 +329,12 @@ class RmsNormBackward:
                 ("UCGABAR", int(genes["cluster"]) > 1, "cluster>1 syncs with barrier.cluster"),
                 ("LDGSTS", int(genes["stages"]) > 0, "stages>0 copies rows ahead with cp.async")]
 
+    def recipe(self, genes: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
+        return recipe(genes, dtype)
+
     def launch(self, genes: Mapping[str, GeneValue], case: Case, inputs: Mapping[str, Any],
-               outputs: Mapping[str, Any]) -> tuple[Launch, Launch]:
-        m, n = case.shape
-        vec_bytes = int(genes["vec_bytes"])
-        aligned = (all(t.data_ptr() % vec_bytes == 0 for t in (inputs["x"], inputs["dy"], outputs["dx"]))
-                   and all(t.data_ptr() % 16 == 0 for t in (inputs["w"], outputs["dw"], outputs["dw_partial"])))
-        p = plan(genes, m, n, case.dtype, aligned)
-        partial = outputs["dw_partial"]
-        # grid counts CTAs (the launcher converts to clusters for cuda.core); spare clusters would idle.
-        main = Launch(grid=(p.grid, 1, 1), block=(int(genes["threads"]), 1, 1), shared_bytes=p.shared_bytes,
-                      args=(inputs["x"], inputs["w"], inputs["dy"], inputs["rstd"], outputs["dx"], partial,
-                            np.int32(m), np.int32(n), np.int32(p.slots), np.int32(p.flags)),
-                      kernel="rmsnorm_bwd", cluster=(p.cluster, 1, 1) if p.cluster > 1 else None)
-        reduce = Launch(grid=(p.dw_grid, 1, 1), block=(DW_THREADS, 1, 1), shared_bytes=0,
-                        args=(partial, outputs["dw"], np.int32(p.partial_rows), np.int32(n), np.int32(p.dw_qx),
-                              np.int32(p.dw_width == 4)),
-                        kernel="rmsnorm_bwd_dw")
-        return main, reduce
+               outputs: Mapping[str, Any]) -> tuple[Launch, ...]:
+        return launch_from_recipe(recipe(genes, case.dtype), case, {**inputs, **outputs})
 
     def baseline(self, name: str, case: Case, inputs: Mapping[str, Any]) -> Callable[[], Mapping[str, Any]]:
         torch = _torch()
@@ -350,7 +369,7 @@ class RmsNormBackward:
                 raise MissingBaseline(f"module rmsnorm at {getattr(int21, '__file__', '?')} is not INT21's")
             return lambda: dict(zip(("dx", "dw"), int21.rmsnorm_bwd(x, w, dy, rstd)[:2]))
         if name == "factory_op":   # this project's exported library op (kernels/rmsnorm.py), for bench --op
-            from kernel_factory.kernels import rmsnorm as op
+            from ..kernels import rmsnorm as op
             return lambda: dict(zip(("dx", "dw"), op.rmsnorm_bwd(x, w, dy, rstd)[:2]))
         raise MissingBaseline(f"unknown baseline {name!r}; this problem has {', '.join(self.baselines)}")
 

@@ -7,10 +7,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from kernel_factory.evo.protocols import Launch
-from kernel_factory.evo.types import Case, Gene, GeneSpace, GeneValue
-from kernel_factory.kernels import templates
-from kernel_factory.problems.rmsnorm_fwd import EPS, RmsNormForward
+from ..evo.protocols import Launch
+from ..evo.types import Case, Gene, GeneSpace, GeneValue
+from ..kernels import templates
+from .rmsnorm_fwd import EPS, RmsNormForward
 
 # fault gene value -> the status the evaluator must give it
 EXPECTED = {

@@ -5,15 +5,14 @@ correctness, model widths held out), tolerances, baselines and the kernel templa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from kernel_factory.evo.inputs import plant_special_rows
-from kernel_factory.evo.protocols import Launch, MissingBaseline
-from kernel_factory.evo.types import Case, Gene, GeneSpace, GeneValue
-from kernel_factory.kernels import templates
+from ..evo.inputs import plant_special_rows
+from ..evo.protocols import Launch, MissingBaseline, launch_from_recipe, recipe_names
+from ..evo.types import Case, Gene, GeneSpace, GeneValue
+from ..kernels import templates
 
 EPS = 1e-6
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -110,36 +109,39 @@ def staged_bytes(g: Mapping[str, GeneValue], n: int, dtype: str) -> int | None:
     return int(g["rows_per_cta"]) * max(0, slice_vecs - kept_vectors(g)) * int(g["vec_bytes"])
 
 
-def persistent_ctas_per_sm(g: Mapping[str, GeneValue], dynamic_smem: int) -> int:
-    """Resident CTAs per SM of a persistent genome: the template's PERSIST_CTAS (its launch bound makes the compiler
-    fit that many by registers), fewer where shared memory allows fewer."""
-    threads = int(g["threads"])
-    budget = (120 if g["keep_x"] else 56) + int(g["unroll"]) * int(g["vec_bytes"]) // 4
-    by_regs = min(max(1, REGS_PER_SM // (threads * (-(-budget // 8) * 8))), 2048 // threads)
-    by_smem = SMEM_PER_SM // (static_smem(g) + SMEM_SLACK + dynamic_smem + RESERVED_SMEM_PER_CTA)
-    return max(1, min(by_regs, by_smem))
+def persistent_ctas_per_sm(g: Mapping[str, GeneValue]) -> int:
+    """Resident CTAs per SM of a persistent genome with nothing staged: the template's PERSIST_CTAS (its launch
+    bound makes the compiler fit that many by registers), fewer where shared memory allows fewer."""
+    return recipe_names(recipe(g, "float32"), 1, 1)["per_sm"]
 
 
-@dataclass(frozen=True)
-class LaunchShape:
-    """The geometry launch() derives from genes and a case: CTAs in the grid, cluster size, dynamic shared memory
-    and the `staged` flag the kernel receives (1: stage_buf holds the slice; 0: take the unstaged path)."""
-
-    grid: int
-    cluster: int
-    shared_bytes: int
-    staged: int
-
-
-def launch_shape(g: Mapping[str, GeneValue], m: int, n: int, dtype: str) -> LaunchShape:
-    rows, cluster = int(g["rows_per_cta"]), int(g["cluster"])
-    need = staged_bytes(g, n, dtype) if g["stage"] == "smem" else None
-    fits = need is not None and static_smem(g) + SMEM_SLACK + need <= MAX_SMEM_PER_CTA
-    dynamic = need if fits else 0
-    ctas = -(-m // rows)
+def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
+    """The launch recipe (kernels/recipe.py) of these genes in dtype: the CTAs of the grid, the cluster, the dynamic
+    shared memory and the `staged` flag the kernel receives (1: stage_buf holds the slice; 0: the unstaged path),
+    as expressions of M and N. The factory launches from it, and export writes it beside the cubin for the op."""
+    rows, cluster, threads = int(g["rows_per_cta"]), int(g["cluster"]), int(g["threads"])
+    vec_bytes = int(g["vec_bytes"])
+    vec = vec_bytes // DTYPE_BYTES[dtype]
+    fixed = static_smem(g) + SMEM_SLACK
+    if g["stage"] == "smem":
+        need = ["mul", rows, ["max", 0, ["sub", ["cdiv", ["div", "N", vec], cluster], kept_vectors(g)]], vec_bytes]
+        fits = ["and", ["eq", ["mod", "N", vec], 0], ["le", ["add", fixed, "need"], MAX_SMEM_PER_CTA]]
+        let = [["need", need], ["staged", ["if", fits, 1, 0]], ["dynamic", ["if", "staged", "need", 0]]]
+    else:
+        let = [["staged", 0], ["dynamic", 0]]
+    ctas: Any = ["cdiv", "M", rows]
     if g["persistent"]:
-        ctas = min(ctas, SMS * persistent_ctas_per_sm(g, dynamic))
-    return LaunchShape(grid=ctas * cluster, cluster=cluster, shared_bytes=dynamic, staged=int(fits))
+        budget = (120 if g["keep_x"] else 56) + int(g["unroll"]) * vec_bytes // 4
+        by_regs = min(max(1, REGS_PER_SM // (threads * (-(-budget // 8) * 8))), 2048 // threads)
+        by_smem = ["div", SMEM_PER_SM, ["add", fixed + RESERVED_SMEM_PER_CTA, "dynamic"]]
+        let.append(["per_sm", ["max", 1, ["min", by_regs, by_smem]]])
+        ctas = ["min", ctas, ["mul", SMS, "per_sm"]]
+    return {"let": let,
+            "steps": [{"kernel": "rmsnorm_fwd", "grid": ["mul", ctas, cluster], "block": threads, "cluster": cluster,
+                       "smem": "dynamic",
+                       "args": [["ptr", "x"], ["ptr", "w"], ["ptr", "y"], ["ptr", "rstd"], ["i32", "M"],
+                                ["i32", "N"], ["f32", "eps"], ["i32", "staged"]]}]}
+
 
 BENCHMARK = ((32768, 256), (32768, 512), (32768, 1024), (32768, 2048), (32768, 4096), (32768, 8192),
              (32768, 16384), (32768, 32768), (32768, 65536), (16384, 131072), (8192, 262144))
@@ -204,14 +206,13 @@ class RmsNormForward:
         rstd = torch.rsqrt(xf.square().mean(dim=-1) + EPS)
         return {"y": xf * rstd[:, None] * inputs["w"].float(), "rstd": rstd}
 
+    def recipe(self, genes: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
+        return recipe(genes, dtype)
+
     def launch(self, genes: Mapping[str, GeneValue], case: Case, inputs: Mapping[str, Any],
                outputs: Mapping[str, Any]) -> Launch:
-        m, n = case.shape
-        shape = launch_shape(genes, m, n, case.dtype)
-        return Launch(grid=(shape.grid, 1, 1), block=(int(genes["threads"]), 1, 1), shared_bytes=shape.shared_bytes,
-                      args=(inputs["x"], inputs["w"], outputs["y"], outputs["rstd"], np.int32(m), np.int32(n),
-                            np.float32(EPS), np.int32(shape.staged)),
-                      cluster=(shape.cluster, 1, 1) if shape.cluster > 1 else None)
+        (step,) = launch_from_recipe(recipe(genes, case.dtype), case, {**inputs, **outputs}, EPS)
+        return step
 
     def expected_sass(self, genes: Mapping[str, GeneValue], dtype: str) -> list[tuple[str, bool, str]]:
         """What each PTX choice must leave in the binary (opcode regex, present?, why); the GPU evaluator flags
@@ -260,7 +261,7 @@ class RmsNormForward:
             # store_rstd=False: INT21's fast kernels do not store rstd (with it, it takes a slower path).
             return lambda: {"y": int21.rmsnorm_fwd(x, w, eps=EPS)[0]}
         if name == "factory_op":
-            from kernel_factory.kernels import rmsnorm as op
+            from ..kernels import rmsnorm as op
             return lambda: dict(zip(("y", "rstd"), op.rmsnorm_fwd(x, w, eps=EPS, store_rstd=True)[::2]))
         if name == "liger":
             try:

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from kernel_factory.evo import bench_compare, bench_report, cli
-from kernel_factory.evo.bench import SUBJECT
+from kernel_factory.evo.tools import bench_compare, bench_report, cli
+from kernel_factory.evo.tools.bench import SUBJECT
 
 
 def bench(ours: dict[int, float], iqr: float = 0.0) -> dict:

@@ -3,8 +3,8 @@ geomeans, the repeat spread, unavailable and failing providers, CSV, PNG and the
 import json
 import math
 
-from kernel_factory.evo import bench_report, cli
-from kernel_factory.evo.bench import SUBJECT
+from kernel_factory.evo.tools import bench_report, cli
+from kernel_factory.evo.tools.bench import SUBJECT
 
 
 def result():
@@ -95,7 +95,7 @@ def test_a_bench_stopped_by_sigterm_keeps_the_cases_it_measured(tmp_path, monkey
     import os
     import signal
     import time
-    from kernel_factory.evo import bench
+    from kernel_factory.evo.tools import bench
     full, seen = result(), []
     before = signal.getsignal(signal.SIGTERM)
 
@@ -120,7 +120,7 @@ def test_a_bench_stopped_by_sigterm_keeps_the_cases_it_measured(tmp_path, monkey
 
 
 def test_a_bench_stopped_before_its_first_case_writes_nothing(tmp_path, monkeypatch, capsys):
-    from kernel_factory.evo import bench
+    from kernel_factory.evo.tools import bench
 
     def fake_run(*args, **kw):
         raise KeyboardInterrupt

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernel_factory.evo import bench, bench_report, bench_suite, cli
-from kernel_factory.evo.bench import SUBJECT
+from kernel_factory.evo.tools import bench, bench_report, bench_suite, cli
+from kernel_factory.evo.tools.bench import SUBJECT
 
 ROOT = Path(__file__).resolve().parent.parent
 FWD, BWD = str(ROOT / "kernels/ops/rmsnorm_fwd.json"), str(ROOT / "kernels/ops/rmsnorm_bwd.json")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "kernel_factory.evo.cli"]
+CLI = [sys.executable, "-m", "kernel_factory.evo.tools.cli"]
 
 
 def kf(*args, cwd, timeout=300):

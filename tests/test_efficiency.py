@@ -1,7 +1,7 @@
 """The search-efficiency benchmark's parts (counter, random search, loop harness, Kernel Tuner export), on CPU."""
 import pytest
 
-from kernel_factory.evo import efficiency
+from kernel_factory.evo.tools import efficiency
 
 KT_MISSING = "Kernel Tuner is in the optional `bench` extra: pip install -e '.[bench]'"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_factory.evo import cli, dispatch, export
+from kernel_factory.evo.tools import cli, dispatch, export
 from kernel_factory.evo.evaluate import recording
 from kernel_factory.evo.types import Candidate, Case, EvalResult, Genome, Status
 

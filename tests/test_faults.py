@@ -3,7 +3,8 @@ fail in the real compiler (NVRTC / ptxas) with their own messages, and every run
 reaches the GPU gate it is meant to test. tests/gpu/test_faults_gpu.py runs the batch on a GPU."""
 import pytest
 
-from kernel_factory.evo import faults, registry
+from kernel_factory.evo import registry
+from kernel_factory.evo.tools import faults
 from kernel_factory.evo.evaluate import render
 from kernel_factory.evo.evaluate.compile import CompileJob, compile_one
 from kernel_factory.problems.rmsnorm_faults import EXPECTED

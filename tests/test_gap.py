@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernel_factory.evo import bench_suite, cli, gap
+from kernel_factory.evo.tools import bench_suite, cli, gap
 from kernel_factory.evo.types import Candidate, Genome
 from test_export import result, write_journal
 
@@ -212,7 +212,7 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        proc = subprocess.run([sys.executable, "-m", "kernel_factory.evo.cli", "gap",
+        proc = subprocess.run([sys.executable, "-m", "kernel_factory.evo.tools.cli", "gap",
                                "configs/targets/rmsnorm-h200.yaml"], cwd=ROOT, stdout=write_end,
                               stderr=subprocess.PIPE, text=True, timeout=120)
     finally:

@@ -14,7 +14,8 @@ import networkx as nx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from kernel_factory.evo import config, lineage
+from kernel_factory.evo import config
+from kernel_factory.evo.observers import lineage
 from kernel_factory.evo.observers import mlflow as mlflow_observer
 from kernel_factory.evo.run import execute
 from kernel_factory.evo.types import Candidate, EvalResult, Genome, Status, geomean_speedup
@@ -180,7 +181,7 @@ def test_replay_run_logs_lineage_and_the_cli_explains_its_best(replay_config, tm
     names = {a.path for a in client.list_artifacts(parent.info.run_id, "lineage")}
     assert names == {f"lineage/lineage.{kind}" for kind in ("png", "svg", "html", "json")}
 
-    cli = [sys.executable, "-m", "kernel_factory.evo.cli", "lineage"]
+    cli = [sys.executable, "-m", "kernel_factory.evo.tools.cli", "lineage"]
     out = subprocess.run([*cli, summary.run_id, "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "drawn")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

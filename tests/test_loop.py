@@ -151,7 +151,7 @@ def test_finalists_are_the_hall_of_fame_top_and_case_champions(replay_config, mo
 
 
 def test_seeds_from_a_dispatch_table_join_generation_zero(replay_config, tmp_path, synthetic_recording):
-    from kernel_factory.evo import export
+    from kernel_factory.evo.tools import export
     table_path = tmp_path / "table.json"
     export.export("rmsnorm_fwd", [str(synthetic_recording)], table_path)
     table = json.loads(table_path.read_text())
@@ -162,7 +162,8 @@ def test_seeds_from_a_dispatch_table_join_generation_zero(replay_config, tmp_pat
 
 def test_seeds_from_an_older_table_take_new_genes_at_their_defaults(tmp_path, synthetic_recording):
     """A table exported before the problem gained a gene still seeds a run: the gene at its default."""
-    from kernel_factory.evo import export, run as run_mod
+    from kernel_factory.evo import run as run_mod
+    from kernel_factory.evo.tools import export
     from kernel_factory.evo import registry
     problem = registry.load("problem", "rmsnorm_fwd")
     table_path = tmp_path / "table.json"

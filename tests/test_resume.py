@@ -14,7 +14,7 @@ import yaml
 
 from kernel_factory.evo.observers import journal
 
-CLI = [sys.executable, "-m", "kernel_factory.evo.cli"]
+CLI = [sys.executable, "-m", "kernel_factory.evo.tools.cli"]
 KILLS = 10
 
 

@@ -146,7 +146,7 @@ def test_launch_examples(genes, shape, dtype, staged, smem):
 def test_persistent_grid_is_one_wave():
     g = genome(persistent=True)
     plan = rf.problem.launch(g, Case((32768, 256), "bfloat16"), {"x": 0, "w": 0}, {"y": 0, "rstd": 0})
-    assert plan.grid[0] == rf.SMS * rf.persistent_ctas_per_sm(g, 0) < 32768
+    assert plan.grid[0] == rf.SMS * rf.persistent_ctas_per_sm(g) < 32768
     small = rf.problem.launch(g, Case((3, 256), "bfloat16"), {"x": 0, "w": 0}, {"y": 0, "rstd": 0})
     assert small.grid[0] == 3
 
@@ -169,7 +169,7 @@ def test_persistent_ctas_fit_the_compiled_registers(builds):
     for (name, dtype), out in builds.items():
         g = genome(**SPREAD[name])
         if g["persistent"]:
-            ctas = rf.persistent_ctas_per_sm(g, 0)
+            ctas = rf.persistent_ctas_per_sm(g)
             assert ctas * g["threads"] * out.info.registers <= rf.REGS_PER_SM, (name, dtype, out.info.registers)
             checked += 1
     assert checked >= 3 * len(rf.problem.dtypes)
@@ -183,7 +183,7 @@ def test_persistent_ctas_fit_on_a_random_sample(tmp_path):
     for out in compiler.compile_many(jobs):
         g = genomes[int(out.key)]
         assert out.error is None, out.error
-        assert rf.persistent_ctas_per_sm(g, 0) * g["threads"] * out.info.registers <= rf.REGS_PER_SM, g
+        assert rf.persistent_ctas_per_sm(g) * g["threads"] * out.info.registers <= rf.REGS_PER_SM, g
     compiler.close()
 
 

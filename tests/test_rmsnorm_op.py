@@ -190,7 +190,7 @@ def test_dispatch_choices_from_the_shipped_table(rmsnorm):
 
 
 def test_prebuilt_cubins_are_used_while_they_match_the_template(tmp_path, monkeypatch, rmsnorm):
-    from kernel_factory.evo import dispatch
+    from kernel_factory.evo.tools import dispatch
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     kernels = runtime.Kernels("rmsnorm_fwd")
     genome, _ = kernels.choose("bfloat16", 4096)

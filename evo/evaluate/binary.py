@@ -17,7 +17,7 @@ import re
 import struct
 from typing import Mapping
 
-from kernel_factory.evo.types import BuildInfo, EvalResult, canonical_json
+from ..types import BuildInfo, EvalResult, canonical_json
 
 # Special registers that read clocks, timers, performance counters or the SM/warp a thread landed on.
 SASS_TIMER = re.compile(r"\bSR_(CLOCK\w*|GLOBALTIMER\w*|VIRTUALSMID|VIRTID|SMID|NSMID|PM\d\w*)")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from kernel_factory.evo.types import BuildInfo, canonical_json
+from ..types import BuildInfo, canonical_json
 
 ARCH = "sm_90a"
 STD = "c++17"
@@ -113,7 +113,7 @@ def compile_one(job: CompileJob) -> CompileOutput:
 
 def count_opcodes(cubin: bytes) -> dict[str, int] | None:
     """SASS opcode counts, or None where cuobjdump is missing or fails (the caller reports that)."""
-    from kernel_factory.evo.evaluate import sass
+    from . import sass
     try:
         return dict(sass.opcodes(sass.disassemble(cubin)))
     except (sass.SassUnavailable, RuntimeError, OSError, subprocess.SubprocessError):

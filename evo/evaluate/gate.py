@@ -18,9 +18,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from kernel_factory.evo.evaluate import measure
-from kernel_factory.evo.protocols import Problem
-from kernel_factory.evo.types import Case
+from . import measure
+from ..protocols import Problem
+from ..types import Case
 
 GUARD_BYTES = 4096   # canary bytes before and after every output buffer (a multiple of every vector width)
 

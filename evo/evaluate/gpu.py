@@ -8,11 +8,11 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo.config import ConfigError
-from kernel_factory.evo.evaluate import binary, render, sass, static_check, worker
-from kernel_factory.evo.evaluate.compile import CompileJob, Compiler, CompileOutput
-from kernel_factory.evo.protocols import EvaluatorInfo, Problem
-from kernel_factory.evo.types import BuildInfo, Candidate, Case, EvalResult, Genome, Status, geomean_speedup
+from ..config import ConfigError
+from . import binary, render, sass, static_check, worker
+from .compile import CompileJob, Compiler, CompileOutput
+from ..protocols import EvaluatorInfo, Problem
+from ..types import BuildInfo, Candidate, Case, EvalResult, Genome, Status, geomean_speedup
 
 ROOFLINE_GBPS = 3000.0     # a deliberately low bandwidth, so that the deadline never cuts a merely slow kernel
 DEADLINE_FACTOR = 10.0     # x the roofline time of everything one evaluation launches

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from kernel_factory.evo.protocols import Launch, launch_steps
+from ..protocols import Launch, launch_steps
 
 PORTABLE_CLUSTER = 8   # CTAs per cluster any sm_90 launch may use; beyond, a kernel must allow non-portable sizes
 

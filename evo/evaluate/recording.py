@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from kernel_factory.evo.types import EvalResult, GeneSpace, GeneValue, Genome
+from ..types import EvalResult, GeneSpace, GeneValue, Genome
 
 FORMAT = "kernel-factory-recording/1"
 

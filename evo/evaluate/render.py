@@ -3,9 +3,10 @@ patch applied to its marked editable regions."""
 from __future__ import annotations
 
 import re
+from typing import Any, Mapping
 
-from kernel_factory.evo.protocols import Problem
-from kernel_factory.evo.types import Candidate, Genome
+from ..protocols import Problem
+from ..types import Candidate, Genome
 
 REGION = re.compile(r"^[^\n]*KF-EDIT-BEGIN (\w+)[^\n]*\n(.*?)^[^\n]*KF-EDIT-END \1[^\n]*$", re.S | re.M)
 
@@ -50,3 +51,22 @@ def header(problem: Problem, candidate: Candidate, dtype: str) -> str:
 
 def render(problem: Problem, candidate: Candidate, dtype: str) -> str:
     return header(problem, candidate, dtype) + body(problem, candidate.genome, dtype)
+
+
+def adapt(genes: Mapping[str, Any], patch: Mapping[str, str], problem: Problem) -> tuple[Genome | None, tuple, str]:
+    """The genome in the problem's current space (missing genes at their defaults), or None and why not."""
+    space = problem.space
+    unknown = sorted(set(genes) - set(space.names))
+    if unknown:
+        return None, (), f"genes {unknown} are no longer in the space"
+    filled = tuple(n for n in space.names if n not in genes)
+    full = {**{n: space[n].default for n in filled}, **genes}
+    why = space.why_infeasible(full)
+    if why:
+        return None, (), f"infeasible now: {why}"
+    if patch:
+        try:
+            apply_patch(problem.template(), dict(patch))
+        except PatchError as exc:
+            return None, (), str(exc)
+    return Genome.of(full, patch), filled, ""

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from kernel_factory.evo.evaluate import binary, render, static_check
-from kernel_factory.evo.evaluate import recording as recording_mod
-from kernel_factory.evo.evaluate.compile import CompileJob, Compiler, CompileOutput, ToolchainError
-from kernel_factory.evo.protocols import EvaluatorInfo, Problem
-from kernel_factory.evo.types import Candidate, Case, EvalResult, Genome, Status, geomean_speedup
+from . import binary, render, static_check
+from . import recording as recording_mod
+from .compile import CompileJob, Compiler, CompileOutput, ToolchainError
+from ..protocols import EvaluatorInfo, Problem
+from ..types import Candidate, Case, EvalResult, Genome, Status, geomean_speedup
 
 
 class ReplayError(ValueError):

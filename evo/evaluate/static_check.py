@@ -28,8 +28,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
-from kernel_factory.evo.evaluate import render
-from kernel_factory.evo.types import Candidate, EvalResult, Status
+from . import render
+from ..types import Candidate, EvalResult, Status
 
 MAX_REGION_BYTES = 16 * 1024          # the template's largest region is under 3 KB
 MARKERS = ("KF-EDIT-BEGIN", "KF-EDIT-END")

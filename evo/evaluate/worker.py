@@ -14,10 +14,10 @@ import time
 import traceback
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo import registry
-from kernel_factory.evo.evaluate import gate, launcher, measure
-from kernel_factory.evo.protocols import Launch, Problem
-from kernel_factory.evo.types import Case, Status
+from .. import registry
+from . import gate, launcher, measure
+from ..protocols import Launch, Problem
+from ..types import Case, Status
 
 # CUDA errors after which the context cannot be trusted (CUDA's "sticky" errors).
 FATAL_MARKERS = ("ILLEGAL_ADDRESS", "illegal memory access", "MISALIGNED", "misaligned address", "LAUNCH_FAILED",

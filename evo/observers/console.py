@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Sequence, TextIO
 
-from kernel_factory.evo.protocols import GenerationStats, RunInfo, RunSummary
-from kernel_factory.evo.types import Candidate, EvalResult
+from ..protocols import GenerationStats, RunInfo, RunSummary
+from ..types import Candidate, EvalResult
 
 BAR = 24
 

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo.protocols import GenerationStats, RunInfo, RunSummary
-from kernel_factory.evo.types import Candidate, EvalResult
+from ..protocols import GenerationStats, RunInfo, RunSummary
+from ..types import Candidate, EvalResult
 
 
 class JournalObserver:

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from kernel_factory.evo import lineage
-from kernel_factory.evo.config import RunConfig
-from kernel_factory.evo.evaluate import render
-from kernel_factory.evo.protocols import GenerationStats, Problem, RunInfo, RunSummary
-from kernel_factory.evo.types import Candidate, EvalResult, Status
+from . import lineage
+from ..config import RunConfig
+from ..evaluate import render
+from ..protocols import GenerationStats, Problem, RunInfo, RunSummary
+from ..types import Candidate, EvalResult, Status
 
 # MLflow reads this when it loads; a user's own setting wins.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -293,7 +293,7 @@ class MlflowObserver:
     def _reattach(self) -> bool:
         """Continue this run id's parent run if the store has one (resume): keep its finished children and drop
         half-written ones (a kill can land between create_run and set_terminated); the journal re-sends those."""
-        from kernel_factory.evo.observers.mlflow_store import search_all
+        from .mlflow_store import search_all
         found = search_all(self.client, self.experiment_id, f"tags.`kf.run_id` = '{self.run.run_id}' "
                                                             "and tags.`kf.kind` = 'evolution'")
         if not found:

@@ -7,9 +7,9 @@ import hashlib
 from pathlib import Path
 from typing import Any, Sequence
 
-from kernel_factory.evo.history import Record
-from kernel_factory.evo.observers.mlflow import open_store
-from kernel_factory.evo.types import Case, GeneSpace, Status
+from ..history import Record
+from .mlflow import open_store
+from ..types import Case, GeneSpace, Status
 
 PAGE = 1000
 

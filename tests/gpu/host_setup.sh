@@ -15,5 +15,5 @@ for plugin in tests/plugins/*/pyproject.toml; do kf_pip "$(dirname "$plugin")"; 
 export PYTHONPATH="/tmp/kf:${PYTHONPATH}"
 export PATH="/tmp/kf/bin:${PATH}"
 export PYTHONUNBUFFERED=1
-python3 -c "import kernel_factory.evo.cli, deap, mlflow, torch; print('host ready: torch', torch.__version__, \
+python3 -c "import kernel_factory.evo.tools.cli, deap, mlflow, torch; print('host ready: torch', torch.__version__, \
   'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0))"

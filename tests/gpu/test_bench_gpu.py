@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_factory.evo import bench, bench_report
+from kernel_factory.evo.tools import bench, bench_report
 
 pytestmark = pytest.mark.gpu
 

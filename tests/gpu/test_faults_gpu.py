@@ -2,7 +2,7 @@
 the same batch are timed, and each crash or hang cost exactly one worker restart."""
 import pytest
 
-from kernel_factory.evo import faults
+from kernel_factory.evo.tools import faults
 
 pytestmark = pytest.mark.gpu
 

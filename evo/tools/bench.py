@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from kernel_factory.evo import registry
-from kernel_factory.evo.build import shapes_of
-from kernel_factory.evo.config import ConfigError
-from kernel_factory.evo.evaluate import gate, launcher, measure, render
-from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
-from kernel_factory.evo.protocols import MissingBaseline, Problem
-from kernel_factory.evo.types import Candidate, Case, Genome, GeneValue
+from .. import registry
+from ..build import shapes_of
+from ..config import ConfigError
+from ..evaluate import gate, launcher, measure, render
+from ..evaluate.compile import CompileJob, Compiler
+from ..protocols import MissingBaseline, Problem
+from ..types import Candidate, Case, Genome, GeneValue
 
 SUBJECT = "factory"
 COPY = "copy"   # a device copy moving the row's bytes, timed with the providers: the row's own roofline
@@ -176,7 +176,7 @@ def run(problem_name: str, subject_spec: Mapping[str, str], shapes: str, dtypes:
     far, marked `partial` ("K of N cases"), so that a bench cut short still leaves what it measured."""
     import torch
     problem = registry.load("problem", problem_name)
-    from kernel_factory.evo.evaluate.gpu import gpu_unavailable_reason
+    from ..evaluate.gpu import gpu_unavailable_reason
     reason = gpu_unavailable_reason()
     if reason:
         raise ConfigError(f"bench needs an NVIDIA GPU ({reason}); on this machine, re-render a recorded result "
@@ -241,7 +241,7 @@ def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:
     if kind == "op":
         return Subject(f"library op ({problem.name})", None)
     if kind == "table":
-        from kernel_factory.evo import dispatch
+        from . import dispatch
         table = dispatch.load(value)
         def genes_for(case: Case) -> Mapping[str, GeneValue]:
             found = dispatch.lookup(table, case.dtype, case.shape[-1])
@@ -263,7 +263,7 @@ def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:
 
 
 def run_best_genes(spec: str, problem: Problem) -> Mapping[str, GeneValue]:
-    from kernel_factory.evo.observers import journal
+    from ..observers import journal
     path = Path(spec) if Path(spec).is_file() else Path("runs") / spec / "journal.jsonl"
     if not path.is_file():
         raise ConfigError(f"--run {spec!r}: no journal at {path}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from kernel_factory.evo import bench_report
-from kernel_factory.evo.bench import SUBJECT
+from . import bench_report
+from .bench import SUBJECT
 
 # Between two H200 benches of the same backward kernels (runs/evidence/h200-2026-12-01/bench/call5-bwd-previous-table
 # and bwd), rows from 1024 up moved by at most 1.4%. Small rows move more, and their IQRs say so: the bar for a row

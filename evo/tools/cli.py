@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernel_factory.evo import config as config_mod
-from kernel_factory.evo import registry
-from kernel_factory.evo.config import ConfigError
+from .. import config as config_mod
+from .. import registry
+from ..config import ConfigError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -102,20 +102,20 @@ def cmd_problems() -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kernel_factory.evo.run import execute
+    from ..run import execute
     cfg = config_mod.load(args.config, tuple(args.override))
     summary = execute(cfg, args.run_id)
     return 0 if summary.best is not None else 1
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from kernel_factory.evo.run import resume
+    from ..run import resume
     summary = resume(args.run_id, args.runs)
     return 0 if summary.best is not None else 1
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from kernel_factory.evo.evaluate.record import record
+    from .record import record
     cfg = config_mod.load(args.config, tuple(args.override))
     dtypes = "-".join(cfg.dtypes or ("default",))
     out = Path(args.out or f"{cfg.out_dir}/recordings/{cfg.problem}-{dtypes}.jsonl.gz")
@@ -125,7 +125,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    from kernel_factory.evo import lineage
+    from ..observers import lineage
     path = Path(args.runs) / args.run_id / "journal.jsonl"
     if not path.is_file():
         runs = sorted(p.parent.name for p in Path(args.runs).glob("*/journal.jsonl"))
@@ -145,7 +145,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from kernel_factory.evo import export
+    from . import export
     path, table = export.export(args.problem, args.sources, args.out or f"kernels/ops/{args.problem}.json",
                                 args.runs, args.build)
     print(export.summary(path, table))
@@ -153,7 +153,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from kernel_factory.evo import bench, bench_report, bench_suite
+    from . import bench, bench_report, bench_suite
     if args.from_json:
         result = recorded_bench(args.from_json)
     else:
@@ -188,7 +188,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 return EXIT_INTERRUPTED
             result = so_far[0]
     if args.compare:
-        from kernel_factory.evo import bench_compare
+        from . import bench_compare
         before = [bench_suite.read(name) for name in args.compare]
         previous = before[0] if len(before) == 1 else {"parts": [p for b in before for p in bench_compare.parts(b)]}
         result["compared"] = bench_compare.compare(result, previous, ", ".join(args.compare), args.regression_pct)
@@ -206,7 +206,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def recorded_bench(files: list[str]) -> dict:
     """`--from`: one recorded bench or suite JSON, or several bench JSONs joined into a suite; nothing is timed."""
-    from kernel_factory.evo import bench_suite
+    from . import bench_suite
     results = []
     for name in files:
         result = bench_suite.read(name)
@@ -239,7 +239,7 @@ def sigterm_as_interrupt():
 
 
 def cmd_gap(args: argparse.Namespace) -> int:
-    from kernel_factory.evo import gap
+    from . import gap
     analysis = gap.analyse(gap.load_targets(args.targets))
     print(gap.markdown(analysis))
     if args.out:
@@ -248,12 +248,12 @@ def cmd_gap(args: argparse.Namespace) -> int:
 
 
 def cmd_faults(args: argparse.Namespace) -> int:
-    from kernel_factory.evo import faults
+    from . import faults
     return faults.main(args.out)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from kernel_factory.evo.observers.mlflow import ui_command
+    from ..observers.mlflow import ui_command
     if not Path(args.store).is_file():
         raise ConfigError(f"no run store at {args.store!r}: run `kernel-factory run CONFIG` first, or pass --store")
     argv = ui_command(args.store, args.artifacts, port=args.port)
@@ -264,8 +264,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from kernel_factory.evo.evaluate.compile import ToolchainError
-    from kernel_factory.evo.evaluate.gpu import WorkerError
+    from ..evaluate.compile import ToolchainError
+    from ..evaluate.gpu import WorkerError
     try:
         with sigterm_as_interrupt():
             return _dispatch(args)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from kernel_factory.evo import registry
-from kernel_factory.evo.types import Candidate, Case, EvalResult, Genome
+from .. import registry
+from ..types import Candidate, Case, EvalResult, Genome
 
 PROBLEM = "rmsnorm_faults"
 # Short benchmark rows keep the suite fast; correctness and held-out shapes are the problem's full sets.
@@ -35,7 +35,7 @@ class Row:
 
 def batch() -> list[Candidate]:
     """Bad kernels with good ones between them, in a fixed order."""
-    from kernel_factory.problems.rmsnorm_faults import EXPECTED
+    from ...problems.rmsnorm_faults import EXPECTED
     faults = [f for f in EXPECTED if f != "none"]
     genomes = []
     for i, fault in enumerate(faults):
@@ -47,8 +47,8 @@ def batch() -> list[Candidate]:
 
 def run(out_dir: str | None = None) -> tuple[list[Row], int, dict[str, str]]:
     """Evaluate the batch once; returns the rows, the number of worker restarts and the fingerprint."""
-    from kernel_factory.evo.evaluate.gpu import GpuEvaluator
-    from kernel_factory.problems.rmsnorm_faults import EXPECTED
+    from ..evaluate.gpu import GpuEvaluator
+    from ...problems.rmsnorm_faults import EXPECTED
     problem = registry.load("problem", PROBLEM)
     cases = [Case(s, "bfloat16") for s in CASES]
     with tempfile.TemporaryDirectory(prefix="kf-faults-") as tmp:
@@ -77,7 +77,7 @@ def table(rows: Sequence[Row], restarts: int) -> str:
 
 
 def main(out: str | None) -> int:
-    from kernel_factory.evo.evaluate.gpu import WorkerError, gpu_unavailable_reason
+    from ..evaluate.gpu import WorkerError, gpu_unavailable_reason
     reason = gpu_unavailable_reason()
     if reason:
         raise WorkerError(f"the fault suite runs kernels on a GPU, and there is none here: {reason}. The last "

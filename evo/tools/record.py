@@ -7,11 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from kernel_factory.evo import build
-from kernel_factory.evo.config import ConfigError, RunConfig
-from kernel_factory.evo.evaluate import recording
-from kernel_factory.evo.evaluate.gpu import GpuEvaluator
-from kernel_factory.evo.types import Candidate, GeneSpace, Genome
+from .. import build
+from ..config import ConfigError, RunConfig
+from ..evaluate import recording
+from ..evaluate.gpu import GpuEvaluator
+from ..types import Candidate, GeneSpace, Genome
 
 CHUNK = 48       # candidates per evaluate() call: big enough to keep the compile pool ahead of the GPU
 REMEASURE = 12   # genomes re-timed when a recording resumes

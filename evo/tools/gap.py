@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo import bench_report, bench_suite, config, export
-from kernel_factory.evo.bench import COPY, SUBJECT
-from kernel_factory.evo.config import ConfigError
-from kernel_factory.evo.observers import journal
-from kernel_factory.evo.protocols import Problem
+from .. import config
+from . import bench_report, bench_suite, export
+from .bench import COPY, SUBJECT
+from ..config import ConfigError
+from ..observers import journal
+from ..protocols import Problem
 
 FORMAT = "kernel-factory-gap/1"
 MAX_CLOSE = 5

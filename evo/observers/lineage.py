@@ -22,8 +22,8 @@ from matplotlib.colors import LinearSegmentedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from kernel_factory.evo.observers import journal
-from kernel_factory.evo.types import Candidate, EvalResult, GeneValue
+from . import journal
+from ..types import Candidate, EvalResult, GeneValue
 
 EXTERNAL = "external"   # the status of a parent that this run did not evaluate (e.g. a seed from an earlier run)
 FAILURE_COLOURS = {"compile_error": "#d62728", "incorrect": "#ff7f0e", "crashed": "#9467bd",

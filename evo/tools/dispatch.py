@@ -15,11 +15,11 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from kernel_factory.evo.config import ConfigError
-from kernel_factory.evo.evaluate import render
-from kernel_factory.evo.evaluate.compile import ARCH, CompileJob, compile_one, nvrtc_version
-from kernel_factory.evo.protocols import Problem
-from kernel_factory.evo.types import Candidate, Genome
+from ..config import ConfigError
+from ..evaluate import render
+from ..evaluate.compile import ARCH, CompileJob, compile_one, nvrtc_version
+from ..protocols import Problem
+from ..types import Candidate, Genome
 
 FORMAT = "kernel-factory-dispatch/1"
 CUBIN_FOLDER = "cubins"

@@ -1,5 +1,5 @@
 """The search-efficiency benchmark: evaluations until a genome within 1% of the optimum, for random search, our
-loop and Kernel Tuner's GA, on the recorded H200 space (`python -m kernel_factory.evo.efficiency --help`)."""
+loop and Kernel Tuner's GA, on the recorded H200 space (`python -m kernel_factory.evo.tools.efficiency --help`)."""
 from __future__ import annotations
 
 import argparse
@@ -18,14 +18,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo import build, config
-from kernel_factory.evo.loop import evolve
-from kernel_factory.evo.evaluate.replay import ReplayEvaluator
-from kernel_factory.evo.history import History, Record
-from kernel_factory.evo.protocols import GenerationStats, RunInfo, RunSummary
-from kernel_factory.evo.types import Candidate, EvalResult, GeneSpace, Genome
-from kernel_factory.evo.variation import Proposer
-from kernel_factory.evo.efficiency_kt import KT_GA_DEFAULTS, kt_space_size, kt_trial, write_kt_cache
+from .. import build, config
+from ..loop import evolve
+from ..evaluate.replay import ReplayEvaluator
+from ..history import History, Record
+from ..protocols import GenerationStats, RunInfo, RunSummary
+from ..types import Candidate, EvalResult, GeneSpace, Genome
+from ..variation import Proposer
+from .efficiency_kt import KT_GA_DEFAULTS, kt_space_size, kt_trial, write_kt_cache
 
 PROBLEM = "rmsnorm_fwd"
 TARGET = 0.99                 # a hit: fitness >= 99% of the space's optimum
@@ -302,13 +302,13 @@ def report(results: Mapping[str, list[Trial] | str], land: Landscape, budget: in
              "IQRs that reach such runs are censored).", "",
              *table(results, land, budget), "", "How each method was run and counted:", "",
              *notes(results, land, budget), "",
-             f"Made by `python -m kernel_factory.evo.efficiency --seeds {seeds} --budget {budget}` in {wall_s:.0f} s "
+             f"Made by `python -m kernel_factory.evo.tools.efficiency --seeds {seeds} --budget {budget}` in {wall_s:.0f} s "
              f"with {jobs} processes."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernel_factory.evo.efficiency", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m kernel_factory.evo.tools.efficiency", description=__doc__)
     parser.add_argument("--seeds", type=int, default=20, help="seeds 0..N-1 for every method")
     parser.add_argument("--budget", type=int, default=1500, help="evaluations per run")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")

@@ -22,12 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo import dispatch, registry
-from kernel_factory.evo.config import ConfigError
-from kernel_factory.evo.evaluate import recording, render
-from kernel_factory.evo.observers import journal
-from kernel_factory.evo.protocols import Problem
-from kernel_factory.evo.types import Case, Genome, Status
+from .. import registry
+from . import dispatch
+from ..config import ConfigError
+from ..evaluate import recording, render
+from ..observers import journal
+from ..protocols import Problem
+from ..types import Case, Genome, Status
 
 EVALUATOR_KINDS = {
     "gpu": "timed live on the named GPU by a run's GPU evaluator",
@@ -106,25 +107,6 @@ def _first_line(path: Path) -> dict[str, Any]:
         raise ExportError(f"{path} is neither a run journal nor a recording: {exc}") from exc
 
 
-def adapt(genes: Mapping[str, Any], patch: Mapping[str, str], problem: Problem) -> tuple[Genome | None, tuple, str]:
-    """The genome in the problem's current space (missing genes at their defaults), or None and why not."""
-    space = problem.space
-    unknown = sorted(set(genes) - set(space.names))
-    if unknown:
-        return None, (), f"genes {unknown} are no longer in the space"
-    filled = tuple(n for n in space.names if n not in genes)
-    full = {**{n: space[n].default for n in filled}, **genes}
-    why = space.why_infeasible(full)
-    if why:
-        return None, (), f"infeasible now: {why}"
-    if patch:
-        try:
-            render.apply_patch(problem.template(), dict(patch))
-        except render.PatchError as exc:
-            return None, (), str(exc)
-    return Genome.of(full, patch), filled, ""
-
-
 def read_source(spec: str, problem: Problem, runs_dir: str | Path = "runs") -> tuple[Source, list[Measurement], dict]:
     """A source's OK measurements, and a summary of what was used and skipped."""
     path = resolve(spec, runs_dir)
@@ -138,7 +120,7 @@ def read_source(spec: str, problem: Problem, runs_dir: str | Path = "runs") -> t
                           f"(format {recording.FORMAT})")
     found, skipped = [], {}
     for candidate_id, genes, patch, times, evaluator, notes in rows:
-        genome, filled, why = adapt(genes, patch, problem)
+        genome, filled, why = render.adapt(genes, patch, problem)
         why = why or notes.get("skip", "")
         if genome is None or why:
             skipped[why] = skipped.get(why, 0) + 1

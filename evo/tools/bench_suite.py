@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from kernel_factory.evo import bench, bench_compare, bench_report, config, registry
-from kernel_factory.evo.config import ConfigError
+from .. import config, registry
+from . import bench, bench_compare, bench_report
+from ..config import ConfigError
 
 FORMAT = "kernel-factory-bench-suite/1"
 

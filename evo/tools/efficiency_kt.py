@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from kernel_factory.evo.types import GeneSpace, GeneValue
+from ..types import GeneSpace, GeneValue
 
 if TYPE_CHECKING:
-    from kernel_factory.evo.efficiency import Landscape
+    from .efficiency import Landscape
 
 KT_GA_DEFAULTS = "popsize 26, maxiter 90, single_point crossover, mutation_chance 55, constraint_aware True"
 

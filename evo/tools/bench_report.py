@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kernel_factory.evo.bench import COPY, SUBJECT
+from .bench import COPY, SUBJECT
 
 FINGERPRINT_KEYS = ("gpu", "sm_count", "driver", "cuda_driver_api", "cuda_runtime", "nvrtc", "torch",
                     "pkg.triton", "pkg.quack-kernels", "pkg.liger-kernel", "pkg.nvidia-cutlass-dsl", "clocks_before",
@@ -125,7 +125,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     if errors:
         lines += ["", "Providers without a time:"] + [f"- {c} {n}: {e[:160]}" for c, n, e in errors]
     if result.get("compared"):
-        from kernel_factory.evo import bench_compare   # it reads ratios with this module's helpers
+        from . import bench_compare# it reads ratios with this module's helpers
         lines += bench_compare.section(result["compared"])
     return "\n".join(lines) + "\n"
 
