@@ -68,6 +68,14 @@ def launch_from_recipe(recipe_: Mapping[str, Any], case: Case, tensors: Mapping[
                  for s in plan.steps)
 
 
+@runtime_checkable
+class LaunchRecipe(Protocol):
+    """A problem whose launch is a recipe (kernels/recipe.py): what export writes beside each cubin, so that the
+    library op launches the kernel without the plugin."""
+
+    def recipe(self, genes: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]: ...
+
+
 class MissingBaseline(Exception):
     """A baseline's package is not installed here (e.g. QuACK on a machine without it)."""
 

@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
+from ..kernels import table as op_table
+from .evaluate import render
 from . import build, config as config_mod
 from .config import ConfigError, RunConfig
 from .history import History, Record
@@ -116,15 +118,17 @@ def table_seeds(path: str | None, problem, space) -> list:
     """The genomes of a dispatch table that are feasible in this run's space (per-shape winners of earlier runs)."""
     if not path:
         return []
-    from .tools import dispatch
-    table = dispatch.load(path)
-    if table.get("problem") != problem.name:
-        raise ConfigError(f"config key 'search.seeds_from': {path!r} is a table for {table.get('problem')!r}, "
+    try:
+        table = op_table.Table(path)
+    except op_table.TableError as exc:
+        raise ConfigError(f"config key 'search.seeds_from': {exc}") from None
+    if table.problem != problem.name:
+        raise ConfigError(f"config key 'search.seeds_from': {path!r} is a table for {table.problem!r}, "
                           f"not {problem.name!r}")
     seeds = []
-    for gid in sorted(table.get("genomes", {})):
-        g = dispatch.genome(table, gid)   # a table from before a gene was added: that gene at its default
-        adapted = render.adapt(g.gene_dict, g.patch_dict, problem)[0]
+    for gid, entry in sorted(table.data.get("genomes", {}).items()):
+        # a table from before a gene was added: that gene at its default
+        adapted = render.adapt(entry["genes"], entry.get("patch", {}), problem)[0]
         if adapted is not None and space.why_infeasible(adapted.gene_dict) is None:
             seeds.append(adapted)
     return seeds

@@ -1,240 +1,326 @@
-"""RMSNorm as a library op with QuACK's API (`rmsnorm_fwd`, `rmsnorm_bwd`, and `rmsnorm` with autograd), running the
-factory's evolved kernels: `from kernel_factory.kernels.rmsnorm import rmsnorm`.
+"""RMSNorm as a PyTorch op with QuACK's API (0.6.x), running the factory's evolved kernels.
 
-Semantics are QuACK's (quack/rmsnorm.py), for x of shape (..., N) in bf16/fp16/fp32:
-- h = x + residual, in fp32 (no residual: h = x); rstd = 1 / sqrt(mean(h^2) + eps) per row;
-  out = h * rstd * weight + bias in fp32, cast to out_dtype (default x.dtype). weight=None: no scaling.
-- residual_out is h cast to residual_dtype. With a residual, residual_dtype is the residual's dtype (the argument is
-  then ignored, as in QuACK). Without one, residual_out is x itself, unless residual_dtype names another dtype.
-- rstd (fp32, shape x.shape[:-1]) is returned only with store_rstd=True.
-- backward, with x_hat = x * rstd: dx = (w*dy - x_hat * mean(x_hat*w*dy)) * rstd (+ dresidual_out), in x's
-  dtype; dw = sum over rows of dy*x_hat, in weight's dtype; db = sum over rows of dy (weight's dtype, fp32 without a
-  weight); dresidual = dx in dresidual_out's dtype when that differs from x's, dx when has_residual, else None.
-- `rmsnorm(..., prenorm=True)` also returns residual_out; its gradient flows back to x and the residual (also
-  without a residual, where QuACK drops it).
+    from kernel_factory.kernels.rmsnorm import RMSNorm, rmsnorm, rmsnorm_fwd, rmsnorm_bwd
 
-Where it runs: on CUDA tensors of an sm_90 GPU the kernel comes from the dispatch table kernels/ops/<problem>.json
-(exact N, else the dtype's general genome, else the problem's default genome; see kernels/runtime.py). The plain
-case (no bias, no residual, out_dtype == x.dtype; backward: dout in x's dtype, no dresidual_out) runs the kernel of
-x's dtype on x. Every other case runs the fp32 kernel on h and does the rest in torch: slower, same semantics. On CPU
-tensors, on other GPUs, and while a backward problem plugin is missing, the same results come from a torch fp32
-reference implementation (_forward_reference, _backward_reference), so the op is usable and testable everywhere.
+Forward and backward are registered with torch.library as `kernel_factory::rmsnorm_fwd` and
+`kernel_factory::rmsnorm_bwd`, with fake implementations and autograd, so they work under torch.compile
+(fullgraph, dynamic shapes) and CUDA graphs. Semantics are QuACK's, for x (..., N) in bf16/fp16/fp32:
+- h = x + residual in fp32 (no residual: h = x); rstd = 1/sqrt(mean(h^2) + eps) per row;
+  out = h * rstd * (weight + weight_offset) + bias in fp32, cast to out_dtype (default x.dtype).
+- residual_out is h in residual_dtype (default: the residual's dtype, else x's); with neither a residual nor another
+  residual_dtype it is x itself. rstd (fp32, x.shape[:-1]) is returned with store_rstd=True.
+- Per-head weights: weight (H, D) on x (..., H, D) (q/k-norm); rows are normalized over D.
+- backward: x_hat = h * rstd; dx = (w'*dy - x_hat * mean(x_hat*w'*dy)) * rstd (+ dresidual_out) with
+  w' = weight + weight_offset; dw = sum over rows of dy*x_hat; db = sum over rows of dy.
+Where it runs: on sm_90 the dispatch table's cubins (kernels/ops/); on another GPU the same genome JIT-built for it
+when its source compiles there; otherwise, and on CPU tensors, a torch fp32 reference, with a one-time warning that
+says why. The plain path (no bias, residual or per-head weight; out_dtype = x.dtype; backward: dout in x's dtype)
+runs the kernel of x's dtype on x; the others run the fp32 kernel on h and do the rest in torch (slower, same
+semantics; per-head backward uses the reference).
 """
 from __future__ import annotations
 
-import math
+import threading
 import warnings
 from typing import Optional
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from ..evo.types import Case
 from . import runtime
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FWD = runtime.Kernels("rmsnorm_fwd")
 BWD = runtime.Kernels("rmsnorm_bwd")
+_EMPTY = (0,)
 _warned: set[str] = set()
+_thread = threading.local()
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _check_tensor(name: str, t: Optional[Tensor], x: Tensor, shape: Optional[tuple] = None) -> None:
-    """A clear ValueError for a tensor argument of the wrong type, dtype, shape or device."""
-    if t is None:
-        return
-    if not isinstance(t, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-    if t.dtype not in DTYPES:
-        raise ValueError(f"{name} has dtype {t.dtype}; supported: {', '.join(map(str, DTYPES))}")
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} for x of shape {tuple(x.shape)}")
-    if t.device != x.device:
-        raise ValueError(f"{name} is on {t.device} but x is on {x.device}; put them on the same device")
-
-
-def _check_x(x: Tensor) -> int:
-    if not isinstance(x, Tensor):
-        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in DTYPES:
-        raise ValueError(f"x has dtype {x.dtype}; supported: {', '.join(map(str, DTYPES))}")
-    if x.dim() < 1 or x.shape[-1] == 0:
-        raise ValueError(f"x must have shape (..., N) with N > 0, got {tuple(x.shape)}")
-    return x.shape[-1]
-
-
-def _check_dtype(name: str, dtype: Optional[torch.dtype]) -> None:
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"{name}={dtype!r} is not supported; use one of {', '.join(map(str, DTYPES))} or None")
+class RMSNormInputError(ValueError, AssertionError):
+    """Bad arguments. It is a ValueError, and an AssertionError as QuACK raises, so that either kind of check holds."""
 
 
 def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
-def _weight32(weight: Optional[Tensor], n: int, device: torch.device) -> Tensor:
-    """The kernels take an fp32 weight of N elements; no weight is a weight of ones."""
-    if weight is None:
-        return torch.ones(n, dtype=torch.float32, device=device)
-    return weight.to(torch.float32).contiguous()
+def _dtype_name(dtype: torch.dtype) -> str:
+    return runtime.DTYPE_NAMES[str(dtype)]
 
 
-def _forward_reference(h: Tensor, weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
-    """(y, rstd) in fp32 for fp32 rows h (M, N): the torch reference the kernels are checked against."""
-    rstd = torch.rsqrt(h.square().mean(dim=-1) + eps)
-    y = h * rstd[:, None]
-    return (y * weight.float() if weight is not None else y), rstd
+# ---- where a call runs -------------------------------------------------------------------------------------------
+
+def _kernel_ok(kernels: runtime.Kernels, x: Tensor, dtype: torch.dtype) -> bool:
+    """True when the exported kernel of dtype can run on x's device; else warns once why the reference runs."""
+    if x.device.type != "cuda":
+        why = f"tensors on {x.device.type}"
+    else:
+        why = kernels.why_not(x.device.index if x.device.index is not None else torch.cuda.current_device(),
+                              _dtype_name(dtype), torch.cuda.get_device_capability)
+        if why is None:
+            return True
+    _warn_once(f"kernel_factory rmsnorm: {kernels.problem} runs its torch reference ({why})")
+    return False
 
 
-def _forward_kernel(h: Tensor, w32: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """(y in h's dtype, rstd) from the evolved forward kernel for contiguous rows h (M, N)."""
+def _launch(kernels: runtime.Kernels, m: int, n: int, dtype: torch.dtype, eps: float, tensors: dict) -> None:
+    device = tensors["x"].device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if getattr(_thread, "device", None) != index:   # autograd's thread may have no driver context yet
+        runtime._context(index)
+        _thread.device = index
+    launcher = kernels.launcher(index, _dtype_name(dtype), m, n, eps, tensors)
+    for name, (buf_dtype, shape) in launcher.buffers.items():
+        tensors[name] = torch.empty(shape, dtype=getattr(torch, buf_dtype), device=device)
+    launcher.launch(kernels.stream(torch._C._cuda_getCurrentRawStream(index)), tensors)
+
+
+def _fwd_rows(h: Tensor, w: Tensor, eps: float, kernel: bool) -> tuple[Tensor, Tensor]:
+    """(y in h's dtype, rstd fp32) for contiguous rows h (M, N) and an fp32 weight w (N,)."""
     m, n = h.shape
-    case = Case((m, n), _dtype_name(h.dtype))
-    outputs = FWD.problem.make_outputs(case, str(h.device))
-    if m > 0:
-        eps_arg = np.float32(runtime.problem_constant(FWD.problem, "EPS", 1e-6))
-        FWD.run(case, {"x": h, "w": w32}, outputs, {eps_arg: np.float32(eps)})
-    return outputs["y"], outputs["rstd"]
+    if not kernel:
+        hf = h.float()
+        rstd = torch.rsqrt(hf.square().mean(dim=-1) + eps)
+        return (hf * rstd[:, None] * w).to(h.dtype), rstd
+    y = torch.empty_like(h)
+    rstd = torch.empty(m, dtype=torch.float32, device=h.device)
+    if m:
+        _launch(FWD, m, n, h.dtype, eps, {"x": h, "w": w, "y": y, "rstd": rstd})
+    return y, rstd
 
 
-def _rows_h(x2: Tensor, residual: Optional[Tensor], n: int) -> Tensor:
-    """h = x + residual as fp32 rows (M, N)."""
-    return x2.float() if residual is None else x2.float() + residual.reshape(-1, n).float()
+def _bwd_rows(x: Tensor, w: Tensor, dy: Tensor, rstd: Tensor, kernel: bool) -> tuple[Tensor, Tensor]:
+    """(dx in x's dtype, dw fp32) for contiguous rows x, dy (M, N), an fp32 weight w (N,) and rstd (M,)."""
+    m, n = x.shape
+    if not kernel or m == 0:
+        xh = x.float() * rstd[:, None]
+        g = dy.float() * w
+        dx = (g - xh * (xh * g).mean(dim=-1, keepdim=True)) * rstd[:, None]
+        return dx.to(x.dtype), (dy.float() * xh).sum(dim=0)
+    dx = torch.empty_like(x)
+    dw = torch.empty(n, dtype=torch.float32, device=x.device)
+    _launch(BWD, m, n, x.dtype, 0.0, {"x": x, "w": w, "dy": dy, "rstd": rstd, "dx": dx, "dw": dw})
+    return dx, dw
 
 
-def _forward_path(x: Tensor) -> str | None:
-    """None when the forward kernel can run on x's device, else why the torch reference runs instead."""
-    return runtime.why_not_gpu(x.device) or FWD.unavailable()
+def _weight32(weight: Optional[Tensor], offset: float, n: int, device: torch.device) -> Tensor:
+    if weight is None or weight.dim() == 2:
+        return torch.ones(n, dtype=torch.float32, device=device)
+    w = weight.float()
+    return (w + offset if offset else w).contiguous()
+
+
+# ---- the registered ops ------------------------------------------------------------------------------------------
+
+_LIB = torch.library.Library("kernel_factory", "DEF")
+_LIB.define("rmsnorm_fwd(Tensor x, Tensor? weight, Tensor? bias, Tensor? residual, ScalarType? out_dtype, "
+            "ScalarType? residual_dtype, float eps, float weight_offset, bool keep_residual) "
+            "-> (Tensor out, Tensor residual_out, Tensor rstd)")
+_LIB.define("rmsnorm_bwd(Tensor x, Tensor? weight, Tensor dout, Tensor rstd, Tensor? dresidual_out, bool has_bias, "
+            "float weight_offset) -> (Tensor dx, Tensor dw, Tensor db, Tensor dresidual)")
+
+
+def _fwd_impl(x, weight, bias, residual, out_dtype, residual_dtype, eps, weight_offset, keep_residual):
+    n = x.shape[-1]
+    out_dtype = out_dtype or x.dtype
+    per_head = weight is not None and weight.dim() == 2
+    plain = residual is None and bias is None and not per_head and out_dtype == x.dtype
+    kernel_dtype = x.dtype if plain else torch.float32
+    on_kernel = _kernel_ok(FWD, x, kernel_dtype)
+    h = x.reshape(-1, n)
+    if not plain:
+        h = h.float() if residual is None else h.float() + residual.reshape(-1, n).float()
+    y, rstd = _fwd_rows(h.contiguous(), _weight32(weight, weight_offset, n, x.device), eps, on_kernel)
+    if per_head:
+        y = (y.reshape(x.shape) * (weight.float() + weight_offset)).reshape(-1, n)
+    if bias is not None:
+        y = (y.reshape(x.shape) + bias.float()).reshape(-1, n)
+    out = y.to(out_dtype).reshape(x.shape)
+    if keep_residual:
+        h = x.reshape(-1, n).float() if plain else h
+        residual_out = h.to(residual_dtype or x.dtype, copy=True).reshape(x.shape)
+    else:
+        residual_out = x.new_empty(_EMPTY)
+    return out, residual_out, rstd.reshape(x.shape[:-1])
+
+
+def _bwd_impl(x, weight, dout, rstd, dresidual_out, has_bias, weight_offset):
+    n = x.shape[-1]
+    per_head = weight is not None and weight.dim() == 2
+    x2, dy2, r = x.reshape(-1, n), dout.reshape(-1, n), rstd.reshape(-1).float().contiguous()
+    plain = dout.dtype == x.dtype and dresidual_out is None and not per_head
+    if per_head:   # rows of head h use weight[h]: the reference computes it (no per-head kernel yet)
+        w = (weight.float() + weight_offset)
+        xh = x.float() * rstd.float()[..., None]
+        g = dout.float() * w
+        dx = (g - xh * (xh * g).mean(dim=-1, keepdim=True)) * rstd.float()[..., None]
+        dx, dw32 = dx.reshape(-1, n), (dout.float() * xh).reshape(-1, *weight.shape).sum(dim=0)
+    else:
+        kernel_dtype = x.dtype if plain else torch.float32
+        on_kernel = _kernel_ok(BWD, x, kernel_dtype)
+        dx, dw32 = _bwd_rows(x2.to(kernel_dtype).contiguous(), _weight32(weight, weight_offset, n, x.device),
+                             dy2.to(kernel_dtype).contiguous(), r, on_kernel)
+    if dresidual_out is not None:
+        dx = dx.float() + dresidual_out.reshape(-1, n).float()
+    dx_out = dx.to(x.dtype).reshape(x.shape)
+    dw = dw32.to(weight.dtype) if weight is not None else x.new_empty(_EMPTY)
+    db_dtype = weight.dtype if weight is not None else torch.float32
+    db = dout.float().reshape(-1, *((weight.shape) if per_head else (n,))).sum(dim=0).to(db_dtype) \
+        if has_bias else x.new_empty(_EMPTY)
+    separate = dresidual_out is not None and dresidual_out.dtype != x.dtype
+    dresidual = dx.to(dresidual_out.dtype).reshape(x.shape) if separate else x.new_empty(_EMPTY)
+    return dx_out, dw, db, dresidual
+
+
+for _device in ("CUDA", "CPU"):
+    _LIB.impl("rmsnorm_fwd", _fwd_impl, _device)
+    _LIB.impl("rmsnorm_bwd", _bwd_impl, _device)
+
+
+@torch.library.register_fake("kernel_factory::rmsnorm_fwd")
+def _fwd_fake(x, weight, bias, residual, out_dtype, residual_dtype, eps, weight_offset, keep_residual):
+    out = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
+    residual_out = x.new_empty(x.shape, dtype=residual_dtype or x.dtype) if keep_residual else x.new_empty(_EMPTY)
+    return out, residual_out, x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.register_fake("kernel_factory::rmsnorm_bwd")
+def _bwd_fake(x, weight, dout, rstd, dresidual_out, has_bias, weight_offset):
+    dw = torch.empty_like(weight) if weight is not None else x.new_empty(_EMPTY)
+    db_shape = weight.shape if weight is not None else x.shape[-1:]
+    db = x.new_empty(db_shape, dtype=weight.dtype if weight is not None else torch.float32) if has_bias \
+        else x.new_empty(_EMPTY)
+    separate = dresidual_out is not None and dresidual_out.dtype != x.dtype
+    dresidual = x.new_empty(x.shape, dtype=dresidual_out.dtype) if separate else x.new_empty(_EMPTY)
+    return x.new_empty(x.shape), dw, db, dresidual
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, residual, _, _, _, weight_offset, keep_residual = inputs
+    _, residual_out, rstd = output
+    # As QuACK: the backward reads h as stored (residual_out) when there is a residual, else x.
+    ctx.save_for_backward(residual_out if residual is not None else x, weight, rstd)
+    ctx.has_bias, ctx.has_residual, ctx.keep_residual = bias is not None, residual is not None, keep_residual
+    ctx.weight_offset = weight_offset
+    ctx.x_dtype, ctx.residual_dtype = x.dtype, residual.dtype if residual is not None else None
+
+
+def _backward(ctx, dout, dresidual_out, _drstd):
+    h, weight, rstd = ctx.saved_tensors
+    if not ctx.keep_residual:
+        dresidual_out = None
+    dx, dw, db, dres = torch.ops.kernel_factory.rmsnorm_bwd(h, weight, dout.contiguous(), rstd,
+                                                            dresidual_out, ctx.has_bias, ctx.weight_offset)
+    dresidual = None
+    if ctx.has_residual:   # as QuACK: the gradient in the stored h's precision, not rounded to x's dtype first
+        dresidual = (dres if dres.numel() else dx).to(ctx.residual_dtype)
+    return (dx.to(ctx.x_dtype), dw if weight is not None else None, db if ctx.has_bias else None, dresidual,
+            None, None, None, None, None)
+
+
+torch.library.register_autograd("kernel_factory::rmsnorm_fwd", _backward, setup_context=_setup_context)
+
+
+# ---- QuACK's public API ------------------------------------------------------------------------------------------
+
+def _fail(message: str) -> None:
+    raise RMSNormInputError(message)
+
+
+def _check_fwd(x, weight, bias, residual, out_dtype, residual_dtype, eps, weight_offset) -> None:
+    if not isinstance(x, Tensor):
+        _fail(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in DTYPES:
+        _fail(f"Unsupported dtype: x is {x.dtype}; supported: bfloat16, float16, float32")
+    if x.dim() < 1 or x.shape[-1] == 0:
+        _fail(f"x must have shape (..., N) with N > 0, got {tuple(x.shape)}")
+    per_head = (weight is not None and weight.dim() == 2) or (bias is not None and bias.dim() == 2)
+    want = tuple(x.shape[-2:]) if per_head else (x.shape[-1],)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor) or t.dtype not in DTYPES:
+            _fail(f"Weight must be float32, float16 or bfloat16: {name} is "
+                  f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
+        if tuple(t.shape) != want:
+            _fail(f"{name} has shape {tuple(t.shape)}; expected {want} for x of shape {tuple(x.shape)}"
+                  + (" (per-head weights are (H, D) on x (..., H, D))" if per_head else ""))
+        if t.device != x.device:
+            _fail(f"{name} is on {t.device} but x is on {x.device}; put them on the same device")
+    if residual is not None:
+        if not isinstance(residual, Tensor) or residual.dtype not in DTYPES:
+            _fail("Residual must be float16, bfloat16, or float32")
+        if residual.shape != x.shape or residual.device != x.device:
+            _fail(f"residual has shape {tuple(residual.shape)} on {residual.device}; expected x's "
+                  f"{tuple(x.shape)} on {x.device}")
+    for name, dt in (("out_dtype", out_dtype), ("residual_dtype", residual_dtype)):
+        if dt is not None and dt not in DTYPES:
+            _fail(f"{name}={dt!r} is not supported; use bfloat16, float16, float32 or None")
+    if not isinstance(eps, (int, float)) or eps < 0 or eps != eps:
+        _fail(f"eps must be a number >= 0, got {eps!r}")
+    if weight_offset != 0.0 and weight is None:
+        _fail("weight_offset requires a weight")
 
 
 def rmsnorm_fwd(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                 residual: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None,
-                residual_dtype: Optional[torch.dtype] = None, eps: float = 1e-6,
-                store_rstd: bool = False) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """RMSNorm forward: (out, residual_out, rstd or None); see the module docstring for the exact semantics."""
-    n = _check_x(x)
-    _check_tensor("weight", weight, x, (n,))
-    _check_tensor("bias", bias, x, (n,))
-    _check_tensor("residual", residual, x, tuple(x.shape))
-    _check_dtype("out_dtype", out_dtype)
-    _check_dtype("residual_dtype", residual_dtype)
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    out_dtype = out_dtype or x.dtype
-    if residual is not None:
+                residual_dtype: Optional[torch.dtype] = None, eps: float = 1e-6, store_rstd: bool = False,
+                weight_offset: float = 0.0) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """RMSNorm forward: (out, residual_out, rstd or None); see the module docstring for the semantics."""
+    _check_fwd(x, weight, bias, residual, out_dtype, residual_dtype, eps, weight_offset)
+    if residual is not None and residual_dtype is None:
         residual_dtype = residual.dtype
-    keep_h = residual is not None or (residual_dtype is not None and residual_dtype != x.dtype)
-    x2 = x.reshape(-1, n)
-    plain = residual is None and bias is None and out_dtype == x.dtype
-    on_gpu = _forward_path(x) is None
-    # h (fp32 rows) is materialized only when something reads it: the plain kernel path reads x directly.
-    h = None if plain and on_gpu and not keep_h else _rows_h(x2, residual, n)
-    y = rstd = None
-    if on_gpu:
-        try:
-            y, rstd = _forward_kernel(x2.contiguous() if plain else h.contiguous(), _weight32(weight, n, x.device),
-                                      eps)
-        except runtime.ScalarNotPassed as exc:
-            _warn_once(f"rmsnorm: the torch reference runs instead: {exc}")
-    if y is None:
-        h = _rows_h(x2, residual, n) if h is None else h
-        y, rstd = _forward_reference(h, weight, eps)
-    if bias is not None:
-        y = y.float() + bias.float()
-    out = y.to(out_dtype).reshape(x.shape)
-    residual_out = h.to(residual_dtype or x.dtype).reshape(x.shape) if keep_h else x
-    return out, residual_out, (rstd.reshape(x.shape[:-1]) if store_rstd else None)
-
-
-def _backward_reference(x2: Tensor, w32: Tensor, dy2: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
-    """(dx, dw) in fp32 for rows x2, dy2 (M, N), fp32 weight (N,) and rstd (M,): the torch reference."""
-    r = rstd.float()[:, None]
-    x_hat = x2.float() * r
-    dy = dy2.float()
-    wdy = dy * w32
-    c = (x_hat * wdy).mean(dim=-1, keepdim=True)
-    return (wdy - x_hat * c) * r, (dy * x_hat).sum(dim=0)
-
-
-def _backward_kernel(x2: Tensor, w32: Tensor, dy2: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
-    """(dx in x2's dtype, dw fp32) from the evolved backward kernel (its plugin's launch plan, scratch included)."""
-    m, n = x2.shape
-    case = Case((m, n), _dtype_name(x2.dtype))
-    outputs = BWD.problem.make_outputs(case, str(x2.device))
-    if m == 0:
-        return outputs["dx"], torch.zeros(n, dtype=torch.float32, device=x2.device)
-    BWD.run(case, {"x": x2, "w": w32, "dy": dy2, "rstd": rstd}, outputs)
-    return outputs["dx"], outputs["dw"]
-
-
-def _backward_path(x: Tensor, kernel_dtype: torch.dtype) -> str | None:
-    why = runtime.why_not_gpu(x.device) or BWD.unavailable()
-    if why is None and _dtype_name(kernel_dtype) not in BWD.problem.dtypes:
-        why = f"the backward problem has no {kernel_dtype} kernel"
-    return why
+    keep = residual is not None or (residual_dtype is not None and residual_dtype != x.dtype)
+    out, residual_out, rstd = torch.ops.kernel_factory.rmsnorm_fwd(
+        x, weight, bias, residual, out_dtype, residual_dtype, float(eps), float(weight_offset), keep)
+    return out, (residual_out if keep else x), (rstd if store_rstd else None)
 
 
 def rmsnorm_bwd(x: Tensor, weight: Optional[Tensor], dout: Tensor, rstd: Tensor,
-                dresidual_out: Optional[Tensor] = None, has_bias: bool = False,
-                has_residual: bool = False) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-    """RMSNorm backward: (dx, dw, db, dresidual); see the module docstring for the exact semantics."""
-    n = _check_x(x)
-    _check_tensor("weight", weight, x, (n,))
-    _check_tensor("dout", dout, x, tuple(x.shape))
-    _check_tensor("dresidual_out", dresidual_out, x, tuple(x.shape))
-    if not isinstance(rstd, Tensor) or rstd.dtype != torch.float32 or rstd.numel() != x.numel() // n:
+                dresidual_out: Optional[Tensor] = None, has_bias: bool = False, has_residual: bool = False,
+                weight_offset: float = 0.0) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """RMSNorm backward: (dx, dw, db, dresidual); see the module docstring for the semantics."""
+    _check_fwd(x, weight, None, None, None, None, 0.0, weight_offset)
+    if not isinstance(dout, Tensor) or dout.shape != x.shape or dout.dtype not in DTYPES:
+        _fail(f"dout must be a tensor of x's shape {tuple(x.shape)} in bf16/fp16/fp32")
+    rows = x.shape[:-1]
+    if not isinstance(rstd, Tensor) or rstd.dtype != torch.float32 or rstd.numel() != rows.numel():
         got = f"{rstd.dtype} with {rstd.numel()} elements" if isinstance(rstd, Tensor) else type(rstd).__name__
-        raise ValueError(f"rstd must be an fp32 tensor with one value per row ({x.numel() // n}), got {got}")
-    if rstd.device != x.device:
-        raise ValueError(f"rstd is on {rstd.device} but x is on {x.device}; put them on the same device")
-    x2, dy2, r = x.reshape(-1, n), dout.reshape(-1, n), rstd.reshape(-1).contiguous()
-    w32 = _weight32(weight, n, x.device)
-    plain = dout.dtype == x.dtype and dresidual_out is None
-    kernel_dtype = x.dtype if plain else torch.float32
-    if _backward_path(x, kernel_dtype) is None:
-        dx, dw32 = _backward_kernel(x2.to(kernel_dtype).contiguous(), w32, dy2.to(kernel_dtype).contiguous(), r)
-    else:
-        dx, dw32 = _backward_reference(x2, w32, dy2, r)
-    if dresidual_out is not None:
-        dx = dx.float() + dresidual_out.reshape(-1, n).float()
-    dx_out = dx.to(x.dtype).reshape(x.shape)
-    dw = dw32.to(weight.dtype) if weight is not None else None
-    db = dy2.float().sum(dim=0).to(weight.dtype if weight is not None else torch.float32) if has_bias else None
-    if dresidual_out is not None and dresidual_out.dtype != x.dtype:
-        dresidual = dx.to(dresidual_out.dtype).reshape(x.shape)
-    else:
-        dresidual = dx_out if has_residual else None
-    return dx_out, dw, db, dresidual
-
-
-class RMSNormFunction(torch.autograd.Function):
-    """rmsnorm with autograd: the forward op, and rmsnorm_bwd for the gradients of x, weight, bias and residual."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, residual, out_dtype, residual_dtype, eps, prenorm):
-        out, residual_out, rstd = rmsnorm_fwd(x, weight, bias, residual, out_dtype, residual_dtype, eps,
-                                              store_rstd=True)
-        # As QuACK: the backward reads h as stored (residual_out) when there is a residual, else x.
-        ctx.save_for_backward(residual_out if residual is not None else x, weight, rstd)
-        ctx.has_bias, ctx.has_residual, ctx.prenorm = bias is not None, residual is not None, prenorm
-        return (out, residual_out) if prenorm else out
-
-    @staticmethod
-    def backward(ctx, dout, *rest):
-        x, weight, rstd = ctx.saved_tensors
-        dresidual_out = rest[0] if ctx.prenorm and rest and rest[0] is not None else None
-        dx, dw, db, dres = rmsnorm_bwd(x, weight, dout, rstd, dresidual_out, ctx.has_bias, ctx.has_residual)
-        return dx, dw, db, dres, None, None, None, None
+        _fail(f"rstd must be an fp32 tensor with one value per row ({rows.numel()}), got {got}")
+    if dresidual_out is not None and (dresidual_out.shape != x.shape or dresidual_out.dtype not in DTYPES):
+        _fail("Residual must be float16, bfloat16, or float32, of x's shape")
+    dx, dw, db, dres = torch.ops.kernel_factory.rmsnorm_bwd(x, weight, dout, rstd.reshape(rows), dresidual_out,
+                                                            has_bias, float(weight_offset))
+    dresidual = dres if dres.numel() or (dresidual_out is not None and dresidual_out.dtype != x.dtype) else None
+    if has_residual and dresidual is None:
+        dresidual = dx
+    return dx, (dw if weight is not None else None), (db if has_bias else None), dresidual
 
 
 def rmsnorm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
             residual: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None,
-            residual_dtype: Optional[torch.dtype] = None, eps: float = 1e-6, prenorm: bool = False):
+            residual_dtype: Optional[torch.dtype] = None, eps: float = 1e-6, prenorm: bool = False,
+            weight_offset: float = 0.0):
     """RMSNorm with autograd over x (..., N): out, or (out, residual_out) with prenorm=True."""
-    return RMSNormFunction.apply(x, weight, bias, residual, out_dtype, residual_dtype, eps, prenorm)
+    out, residual_out, _ = rmsnorm_fwd(x, weight, bias, residual, out_dtype, residual_dtype, eps, False,
+                                       weight_offset)
+    return (out, residual_out) if prenorm else out
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """A drop-in for torch.nn.RMSNorm (same constructor, parameters and state dict) that runs this op.
+
+    As torch.nn.RMSNorm, eps=None means torch.finfo(x.dtype).eps, and normalized_shape may name several trailing
+    dimensions (they are normalized together as one row)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        dims = len(self.normalized_shape)
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        if dims == 1:
+            return rmsnorm(x, self.weight, eps=eps)
+        rows = x.reshape(*x.shape[:-dims], -1)
+        weight = self.weight.reshape(-1) if self.weight is not None else None
+        return rmsnorm(rows, weight, eps=eps).reshape(x.shape)

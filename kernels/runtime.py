@@ -1,194 +1,227 @@
-"""Run exported genomes from a library op: choose the genome from the problem's dispatch table (kernels/ops/), get its
-cubin (prebuilt next to the table, else compiled once with NVRTC into a per-user cache), load it once per device and
-launch the problem's plan on torch's current stream. Needs an sm_90 GPU to launch; choosing and compiling do not."""
+"""Load and launch the exported kernels for the library op, with torch and cuda-python's driver bindings only.
+
+The launch is decided once per (device, table, dtype, M, N, pointer alignments) and cached as a `Launcher`: loaded
+functions, a prebuilt CUlaunchConfig per step and a packed argument buffer, so that a call only writes its tensors'
+addresses into that buffer and calls cuLaunchKernelEx (profiled in docs/op.md). On a GPU that is not sm_90 the
+source shipped with the table is JIT-compiled for that GPU with NVRTC when it compiles there; the op says once, with
+a warning, when it must run its torch reference instead.
+"""
 from __future__ import annotations
 
+import ctypes
 import os
-import sys
+import struct
 import threading
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from ..evo.tools import dispatch
-from ..evo.evaluate import render
-from ..evo.evaluate.compile import CompileCache, CompileOutput, cache_key, nvrtc_version
-from ..evo.tools.export import adapt, problem_plugin
-from ..evo.protocols import Launch, Problem, launch_steps
-from ..evo.types import BuildInfo, Case, Genome
+from . import recipe as recipes
+from .table import Kernel, Table, TableError
 
 OPS_DIR = Path(__file__).resolve().parent / "ops"
-ARCH_CAPABILITY = (9, 0)   # the cubins are sm_90a: H100 / H200 only
+PORTABLE_CLUSTER = 8      # CTAs per cluster any sm_90 launch may use; beyond, a kernel must allow non-portable sizes
+DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 
 
-class ScalarNotPassed(RuntimeError):
-    """The problem's launch() does not pass a scalar the op must set (e.g. a template that hard-codes eps)."""
+class LaunchError(RuntimeError):
+    """A driver call failed while loading or launching an exported kernel; the message names the call."""
+
+
+def _check(result: tuple, what: str) -> Any:
+    from cuda.bindings import driver
+    err = result[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise LaunchError(f"{what} failed: {err.name}")
+    return result[1] if len(result) > 1 else None
 
 
 def cache_dir() -> Path:
-    """Where JIT-compiled cubins are kept: the platform's per-user cache folder (XDG), kernel-factory/ops."""
+    """Where cubins JIT-built for other GPUs are kept: the per-user cache folder (XDG), kernel-factory/ops."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "kernel-factory" / "ops"
 
 
-_CAPABILITY: dict[int, tuple[int, int]] = {}
+def _context(index: int) -> None:
+    """Make device `index`'s primary context (the one torch uses) current on this thread."""
+    from cuda.bindings import driver
+    ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if int(ctx) != 0 and _CONTEXTS.get(index) == int(ctx):
+        return
+    device = _check(driver.cuDeviceGet(index), "cuDeviceGet")
+    primary = _check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
+    _check(driver.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+    _CONTEXTS[index] = int(primary)
 
 
-def why_not_gpu(device: Any) -> str | None:
-    """None when tensors on `device` can run the compiled kernels, else why not (they use the torch reference)."""
-    if getattr(device, "type", None) != "cuda":
-        return f"tensors on {device}, not on a CUDA device"
-    import torch
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABILITY:
-        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    if _CAPABILITY[index] != ARCH_CAPABILITY:
-        major, minor = _CAPABILITY[index]
-        return f"cuda:{index} is sm_{major}{minor}; the kernels are built for sm_90a"
-    return None
+_CONTEXTS: dict[int, int] = {}
 
 
-def with_scalar(plan: Launch | tuple[Launch, ...], old: Any, new: Any) -> tuple[tuple[Launch, ...], int]:
-    """The plan with every scalar argument of old's type and value replaced by new, and how many were replaced
-    (how an op passes its caller's eps to a problem whose launch() uses the problem's eps)."""
-    steps, count = [], 0
-    for step in launch_steps(plan):
-        args = []
-        for arg in step.args:
-            hit = type(arg) is type(old) and arg == old
-            count += hit
-            args.append(new if hit else arg)
-        steps.append(replace(step, args=tuple(args)))
-    return tuple(steps), count
+def jit_cubin(kernel: Kernel, arch: str) -> bytes | None:
+    """The kernel's shipped source compiled with NVRTC for `arch` (e.g. "sm_100a"), cached per user; None when no
+    source was shipped or it does not compile for that GPU."""
+    source = kernel.source()
+    if source is None:
+        return None
+    import hashlib
+    key = hashlib.sha256(f"{arch}\n{source}".encode()).hexdigest()[:24]
+    path = cache_dir() / f"{key}.cubin"
+    if path.is_file():
+        return path.read_bytes()
+    from cuda.core import Program, ProgramOptions
+    try:
+        program = Program(source, "c++", ProgramOptions(arch=arch, std="c++17"))
+        cubin = bytes(program.compile("cubin").code)
+    except Exception:   # NVRTC's own error: the template needs features this GPU lacks (clusters, TMA)
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(cubin)
+    return cubin
+
+
+class Module:
+    """One cubin loaded in one device's primary context; functions looked up and their limits raised once."""
+
+    def __init__(self, cubin: bytes):
+        from cuda.bindings import driver
+        self.handle = _check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self.functions: dict[tuple[str, int, int], Any] = {}
+
+    def function(self, name: str, smem: int, cluster: int) -> Any:
+        key = (name, smem, cluster)
+        if key not in self.functions:
+            from cuda.bindings import driver
+            fn = _check(driver.cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})")
+            attr = driver.CUfunction_attribute
+            if smem:
+                _check(driver.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                       f"allowing {smem} B of dynamic shared memory for {name}")
+            if cluster > PORTABLE_CLUSTER:
+                _check(driver.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                       f"allowing clusters of {cluster} for {name}")
+            self.functions[key] = fn
+        return self.functions[key]
+
+
+class Launcher:
+    """A recipe evaluated for one (M, N, alignments) and made ready: per step its function, launch configuration
+    and packed arguments. launch() writes the tensors' addresses into the argument buffer and launches."""
+
+    def __init__(self, module: Module, plan: recipes.Plan):
+        from cuda.bindings import driver
+        self.buffers = plan.buffers
+        self.steps: list[tuple[Any, Any, int, list[tuple[int, str]], Any]] = []
+        for step in plan.steps:
+            fn = module.function(step.kernel, step.smem, step.cluster)
+            cfg = driver.CUlaunchConfig()
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = step.grid, 1, 1
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = step.block, 1, 1
+            cfg.sharedMemBytes = step.smem
+            if step.cluster > 1:
+                attr = driver.CUlaunchAttribute()
+                attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = step.cluster, 1, 1
+                cfg.attrs, cfg.numAttrs = [attr], 1
+            values = (ctypes.c_uint64 * len(step.args))()
+            slots = []
+            for i, (kind, arg) in enumerate(step.args):
+                if kind == "ptr":
+                    slots.append((i, arg))
+                elif kind == "i32":
+                    values[i] = int(arg) & 0xFFFFFFFF
+                else:   # f32: its bits in the slot's low four bytes (little-endian)
+                    values[i] = struct.unpack("<I", struct.pack("<f", float(arg)))[0]
+            pointers = (ctypes.c_void_p * len(step.args))(
+                *(ctypes.addressof(values) + 8 * i for i in range(len(step.args))))
+            self.steps.append((fn, cfg, ctypes.addressof(pointers), slots, (values, pointers)))
+        self.lock = threading.Lock()
+
+    def launch(self, stream: Any, tensors: Mapping[str, Any]) -> None:
+        from cuda.bindings import driver
+        with self.lock:
+            for fn, cfg, params, slots, (values, _) in self.steps:
+                for i, name in slots:
+                    values[i] = tensors[name].data_ptr()
+                cfg.hStream = stream
+                err, = driver.cuLaunchKernelEx(cfg, fn, params, 0)
+                if err != driver.CUresult.CUDA_SUCCESS:
+                    raise LaunchError(f"cuLaunchKernelEx failed: {err.name}")
 
 
 class Kernels:
-    """One problem's exported genomes, as a library op runs them. Loads the problem, its table and cubins lazily."""
+    """One problem's exported kernels as the op runs them: the table read lazily, a module per (cubin, device), a
+    Launcher per (device, dtype, M, N, alignments)."""
 
-    def __init__(self, problem_name: str, table_path: str | Path | None = None):
-        self.problem_name = problem_name
-        self.table_path = Path(table_path) if table_path else OPS_DIR / f"{problem_name}.json"
-        self._problem: Problem | None = None
-        self._table: dict[str, Any] | None = None
-        self._table_read = False
-        self._modules: dict[tuple[str, str, int], Any] = {}
-        self._choices: dict[tuple[str, int], tuple[Genome, str]] = {}
-        self._prepared: dict[tuple, tuple[Genome, Any]] = {}   # plan key -> (genome, launcher.Prepared)
+    def __init__(self, problem: str, table_path: str | Path | None = None):
+        self.problem = problem
+        self.table_path = Path(table_path) if table_path else OPS_DIR / f"{problem}.json"
+        self._table: Table | None = None
+        self._modules: dict[tuple[str, int], Module | None] = {}
+        self._launchers: dict[tuple, Launcher] = {}
+        self._streams: dict[int, Any] = {}
+        self._why: dict[tuple[int, str], str | None] = {}
+        self._aligned: dict[tuple[str, str], list[str]] = {}   # the tensors whose alignment a recipe reads
         self._lock = threading.Lock()
 
-    def unavailable(self) -> str | None:
-        """Why this problem's kernels cannot be used at all (its plugin does not load), or None."""
-        try:
-            self.problem
-        except Exception as exc:   # a missing or broken plugin: the op falls back to its torch reference
-            return f"problem {self.problem_name!r} does not load: {exc}"
-        return None
-
     @property
-    def problem(self) -> Problem:
-        if self._problem is None:
-            self._problem = problem_plugin(self.problem_name)
-        return self._problem
-
-    @property
-    def table(self) -> dict[str, Any] | None:
-        """The dispatch table, or None when it has not been exported yet (a broken table raises TableError)."""
-        if not self._table_read:
-            self._table = dispatch.load(self.table_path) if self.table_path.is_file() else None
-            self._table_read = True
+    def table(self) -> Table:
+        if self._table is None:
+            self._table = Table(self.table_path)
         return self._table
 
-    def choose(self, dtype: str, n: int) -> tuple[Genome, str]:
-        """The genome for rows of width n in dtype, and why: an exact table entry, the dtype's general genome, or
-        the problem's default genome (no table, or no entry for this dtype). Decided once per (dtype, n)."""
-        if (dtype, n) not in self._choices:
-            self._choices[(dtype, n)] = self._choose(dtype, n)
-        return self._choices[(dtype, n)]
+    def why_not(self, index: int, dtype: str, capability: Callable[[int], tuple[int, int]]) -> str | None:
+        """None when (device index, dtype) can run an exported kernel, else why the reference runs (decided once)."""
+        key = (index, dtype)
+        if key not in self._why:
+            self._why[key] = self._why_not(index, dtype, capability)
+        return self._why[key]
 
-    def _choose(self, dtype: str, n: int) -> tuple[Genome, str]:
-        found = dispatch.lookup(self.table, dtype, n) if self.table is not None else None
-        if found is None:
-            why = "no dispatch table" if self.table is None else f"the table has no {dtype} entry"
-            return Genome.of(self.problem.space.defaults()), f"default genome ({why})"
-        # A table exported before genes were added: the new genes take their defaults (as export does).
-        genome, filled, why = adapt(found[0].gene_dict, found[0].patch_dict, self.problem)
-        if genome is None:
-            return Genome.of(self.problem.space.defaults()), f"default genome (table genome {found[0].id}: {why})"
-        return genome, found[1] + (f", genes {list(filled)} at their defaults" if filled else "")
+    def _why_not(self, index: int, dtype: str, capability: Callable[[int], tuple[int, int]]) -> str | None:
+        try:
+            kernel = self.table.kernel(dtype, 1)
+        except TableError as exc:
+            return str(exc)
+        if kernel is None:
+            return f"the {self.problem} table has no {dtype} kernels"
+        major, minor = capability(index)
+        if (major, minor) == (9, 0):
+            return None
+        return None if self.module(kernel, index) is not None else (
+            f"cuda:{index} is sm_{major}{minor}: the shipped cubins are {kernel.arch} and the kernel's source does "
+            f"not compile for this GPU")
 
-    def cubin(self, genome: Genome, dtype: str) -> bytes:
-        """The prebuilt cubin when it matches today's template, else an NVRTC build cached under cache_dir()."""
-        if self.table is not None:
-            cubin = dispatch.prebuilt(self.problem, self.table, self.table_path, genome, dtype)
-            if cubin is not None:
-                return cubin
-        cache = CompileCache(cache_dir())
-        key = cache_key(render.body(self.problem, genome, dtype), nvrtc_version())
-        hit = cache.get(key)
-        if hit is not None and hit.cubin is not None:
-            return hit.cubin
-        cubin = dispatch.compile_cubin(self.problem, genome, dtype)
-        cache.put(CompileOutput(key, cubin, BuildInfo(), None))
-        return cubin
-
-    def module(self, genome: Genome, dtype: str, device_index: int) -> Any:
-        """The loaded cubin for (genome, dtype) on one device, loaded once."""
-        key = (genome.id, dtype, device_index)
+    def module(self, kernel: Kernel, index: int) -> Module | None:
+        key = (f"{kernel.genome}:{kernel.dtype}", index)
         with self._lock:
             if key not in self._modules:
-                from ..evo.evaluate.launcher import Module
-                self._modules[key] = Module(self.cubin(genome, dtype), self.problem.kernel_name)
+                _context(index)
+                import torch
+                major, minor = torch.cuda.get_device_capability(index)
+                cubin = kernel.cubin() if (major, minor) == (9, 0) else jit_cubin(kernel, f"sm_{major}{minor}a")
+                self._modules[key] = Module(cubin) if cubin is not None else None
             return self._modules[key]
 
-    def plan(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
-             scalars: Mapping[Any, Any] | None = None) -> tuple[Genome, tuple[Launch, ...]]:
-        """The chosen genome and its launch steps for `case`; scalars maps problem-side scalar arguments to the
-        caller's values (e.g. eps). Needs no GPU."""
-        genome, _ = self.choose(case.dtype, case.shape[-1])
-        steps = launch_steps(self.problem.launch(genome.gene_dict, case, inputs, outputs))
-        for old, new in (scalars or {}).items():
-            steps, count = with_scalar(steps, old, new)
-            if count == 0 and new != old:
-                raise ScalarNotPassed(f"{self.problem_name}.launch() passes no scalar {old!r} to replace with {new!r}")
-        return genome, steps
-
-    def run(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
-            scalars: Mapping[Any, Any] | None = None) -> Genome:
-        """Launch the plan on torch's current stream of the inputs' device. Returns the genome that ran.
-
-        The plan is made once per (dtype, shape, device, pointer alignments, scalars): later calls only put their
-        tensors' addresses into the cached launches (the problem's launch() sees nothing else of a tensor)."""
-        import torch
-        from ..evo.evaluate.launcher import Prepared, torch_stream
-        tensors = {**inputs, **outputs}
-        addresses = {name: t.data_ptr() for name, t in tensors.items() if hasattr(t, "data_ptr")}
-        device = next(t.device for t in tensors.values() if hasattr(t, "device"))
-        current = torch.cuda.current_device()
-        index = device.index if device.index is not None else current
-        key = (case.dtype, case.shape, index, alignments(addresses), tuple(scalars.items()) if scalars else ())
-        found = self._prepared.get(key)
+    def launcher(self, index: int, dtype: str, m: int, n: int, eps: float,
+                 tensors: Mapping[str, Any]) -> Launcher:
+        """The cached launcher for this call's key; made (recipe evaluated, functions loaded) on first use."""
+        kernel = self.table.kernel(dtype, n)
+        names = self._aligned.get((kernel.genome, dtype))
+        if names is None:
+            names = self._aligned[(kernel.genome, dtype)] = recipes.aligned_names(kernel.recipe)
+        # Scratch buffers the op allocates per call come from torch's allocator: 256-byte aligned.
+        addresses = {t: tensors[t].data_ptr() if t in tensors else 256 for t in names}
+        key = (index, dtype, m, n, eps, tuple(recipes.alignment(a) for a in addresses.values()))
+        found = self._launchers.get(key)
         if found is None:
-            genome, steps = self.plan(case, inputs, outputs, scalars)
-            with torch.cuda.device(index):
-                found = (genome, Prepared(self.module(genome, case.dtype, index), steps,
-                                          {id(t): name for name, t in tensors.items()}))
-            if len(self._prepared) > 1024:
-                self._prepared.clear()
-            self._prepared[key] = found
-        genome, prepared = found
-        if index == current:
-            prepared.launch(torch_stream(index), addresses)
-        else:
-            with torch.cuda.device(index):
-                prepared.launch(torch_stream(index), addresses)
-        return genome
+            plan = recipes.evaluate(kernel.recipe, m, n, eps, addresses)
+            found = Launcher(self.module(kernel, index), plan)
+            if len(self._launchers) > 4096:
+                self._launchers.clear()
+            self._launchers[key] = found
+        return found
 
-
-def alignments(addresses: Mapping[str, int]) -> tuple[int, ...]:
-    """Each tensor's address modulo 16: all a launch plan may derive from a pointer (its vector widths)."""
-    return tuple(a % 16 for a in addresses.values())
-
-
-def problem_constant(problem: Problem, name: str, default: Any = None) -> Any:
-    """A module-level constant of the problem's plugin module (e.g. its EPS), or default."""
-    return getattr(sys.modules.get(type(problem).__module__), name, default)
+    def stream(self, handle: int) -> Any:
+        found = self._streams.get(handle)
+        if found is None:
+            from cuda.bindings import driver
+            found = self._streams[handle] = driver.CUstream(handle)
+        return found

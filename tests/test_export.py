@@ -4,6 +4,7 @@ provenance, fills new genes; the dispatch lookup; recordings as a source; one-li
 deterministic sm_90a cubins that the op trusts only while they match the template."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kernel_factory.kernels import table as op_table
 from kernel_factory.evo.tools import cli, dispatch, export
 from kernel_factory.evo.evaluate import recording
 from kernel_factory.evo.types import Candidate, Case, EvalResult, Genome, Status
@@ -211,7 +213,9 @@ def small_table(rmsnorm, genomes) -> dict:
     return export.make_table(rmsnorm, m, [])
 
 
-def test_build_writes_deterministic_cubins_the_op_trusts(tmp_path, rmsnorm, genomes):
+def test_build_writes_deterministic_kernels_the_op_runs_alone(tmp_path, rmsnorm, genomes):
+    """--build writes, per (genome, dtype), a cubin, its gzip'd source and its launch recipe, identically twice; the
+    op's own reader (kernels/table.py) loads the result with no plugin."""
     table = small_table(rmsnorm, genomes)
     stale = tmp_path / "a" / "cubins" / "rmsnorm_fwd-0000000000000000-bfloat16.cubin"
     stale.parent.mkdir(parents=True)
@@ -220,23 +224,19 @@ def test_build_writes_deterministic_cubins_the_op_trusts(tmp_path, rmsnorm, geno
     second = dispatch.build(rmsnorm, json.loads(dispatch.dumps(table)), tmp_path / "b" / "cubins")
     pairs = dispatch.used(table)
     assert len(pairs) == 4   # A general + C at N=256 (bf16), the default genome for fp16 and fp32
-    assert first["cubins"] == second["cubins"] and not stale.exists()
+    assert first["kernels"] == second["kernels"] and not stale.exists()
     for genome_id, dtype in pairs:
-        rec = first["cubins"][f"{genome_id}:{dtype}"]
-        a, b = (tmp_path / d / rec["file"] for d in "ab")
+        rec = first["kernels"][f"{genome_id}:{dtype}"]
+        a, b = (tmp_path / d / rec["cubin"] for d in "ab")
         assert a.name == f"rmsnorm_fwd-{genome_id}-{dtype}.cubin" and a.read_bytes() == b.read_bytes()
         assert a.read_bytes()[:4] == b"\x7fELF" and hashlib.sha256(a.read_bytes()).hexdigest() == rec["sha256"]
         assert rec["arch"] == "sm_90a"
-        got = dispatch.prebuilt(rmsnorm, first, tmp_path / "a" / "t.json", dispatch.genome(first, genome_id), dtype)
-        assert got == a.read_bytes()
-    genome_id, dtype = pairs[0]
-    genome = dispatch.genome(first, genome_id)
-    path = tmp_path / "a" / first["cubins"][f"{genome_id}:{dtype}"]["file"]
-    path.write_bytes(path.read_bytes() + b"\0")           # damaged: not trusted
-    assert dispatch.prebuilt(rmsnorm, first, tmp_path / "a" / "t.json", genome, dtype) is None
-    other = dict(first, cubins={f"{genome_id}:{dtype}": {**first["cubins"][f"{genome_id}:{dtype}"],
-                                                         "body_sha256": "0" * 64}})   # another template's build
-    assert dispatch.prebuilt(rmsnorm, other, tmp_path / "b" / "t.json", genome, dtype) is None
+        assert rec["recipe"] == rmsnorm.recipe(dispatch.genome(first, genome_id).gene_dict, dtype)
+        src = gzip.decompress((tmp_path / "a" / rec["source"]).read_bytes()).decode()
+        assert src == dispatch.source(rmsnorm, dispatch.genome(first, genome_id), dtype)
+    (tmp_path / "a" / "t.json").write_text(dispatch.dumps(first))
+    kernel = op_table.Table(tmp_path / "a" / "t.json").kernel("bfloat16", 256)
+    assert kernel.genome == genomes["C"].id and kernel.why == "N=256" and kernel.cubin()[:4] == b"\x7fELF"
 
 
 def test_shipped_table_is_valid_and_its_cubins_intact(rmsnorm):
@@ -248,7 +248,7 @@ def test_shipped_table_is_valid_and_its_cubins_intact(rmsnorm):
         assert set(entry["by_n"]) == {str(Case.parse(k).shape[1]) for k in BENCH}
         assert {e["provenance"]["evaluator"] for e in [entry["general"], *entry["by_n"].values()]} == {"gpu"}
         assert all("H200" in e["provenance"]["gpu"] for e in entry["by_n"].values())
-    for rec in table["cubins"].values():
-        data = (path.parent / rec["file"]).read_bytes()
+    for rec in table["kernels"].values():
+        data = (path.parent / rec["cubin"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == rec["sha256"]
-    assert len(table["cubins"]) == len(dispatch.used(table))
+    assert len(table["kernels"]) == len(dispatch.used(table))

@@ -1,16 +1,19 @@
 """The RMSNorm library op on CPU (its torch reference path): QuACK's API and semantics against torch autograd of the
-fp32 formula, for every dtype of x, weight, residual and output, with bias, residual, prenorm, 3-D x, M = 1 and odd
-N; clear errors for bad input; and the dispatch runtime's choices and JIT cache, which need no GPU."""
+fp32 formula, for every dtype of x, weight, residual and output, with bias, residual, prenorm, weight offset,
+per-head weights, 3-D x, M = 1 and odd N; clear errors for bad input; the registered ops under opcheck and
+torch.compile; the nn.RMSNorm drop-in; and the shipped tables, whose recipes and cubins need no GPU to check."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from kernel_factory.evo.protocols import Launch, launch_steps
-from kernel_factory.evo.types import Case, Genome
-from kernel_factory.kernels import rmsnorm as op
-from kernel_factory.kernels import runtime
+import json
+import subprocess
+import sys
+import warnings
+
+from kernel_factory.kernels import recipe, rmsnorm as op, runtime, table
 from rmsnorm_formula import formula
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -64,8 +67,8 @@ def test_residual_bias_and_dtypes_follow_quack(x_dt, res_dt, out_dt, res_arg, wi
     want, h, _ = formula(x.double(), w.double(), f64(b), f64(res), eps=1e-5)
     assert out.dtype == (DT.get(out_dt) or x.dtype) and rstd is None
     close(out, want)
-    if res is not None:      # QuACK: residual_out takes the residual's dtype, whatever residual_dtype says
-        assert residual_out.dtype == res.dtype
+    if res is not None:      # QuACK 0.6: residual_dtype when given, else the residual's dtype
+        assert residual_out.dtype == (DT[res_arg] if res_arg else res.dtype)
         close(residual_out, h)
     elif res_arg is not None and DT[res_arg] != x.dtype:
         assert residual_out.dtype == DT[res_arg] and residual_out is not x
@@ -144,180 +147,183 @@ def test_empty_batch_and_single_row():
     close(op.rmsnorm_fwd(one)[0], formula(one.double())[0])
 
 
+@pytest.mark.parametrize("x_dt", ["bf16", "fp32"])
+def test_weight_offset_is_gemma_style(x_dt):
+    x, w, _, _ = tensors((5, 3, 40), DT[x_dt], torch.float32, seed=8, grad=True)
+    out = op.rmsnorm(x, w, weight_offset=1.0)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(out.dtype)
+    out.backward(dout)
+    xr, wr = f64(x), f64(w)
+    want = formula(xr, wr + 1.0)[0]
+    want.backward(dout.double())
+    close(out, want)
+    close(x.grad, xr.grad, x.dtype)
+    torch.testing.assert_close(w.grad.double(), wr.grad, atol=1e-3 * (1 + wr.grad.abs().max().item()), rtol=1e-3)
+
+
+@pytest.mark.parametrize("x_dt", ["bf16", "fp16", "fp32"])
+def test_per_head_weights_for_qk_norm(x_dt):
+    """weight (H, D) on x (..., H, D): each head's rows use their own weight (q/k-norm)."""
+    g = torch.Generator().manual_seed(10)
+    x = (torch.randn(2, 3, 4, 32, generator=g) * 3).to(DT[x_dt]).requires_grad_(True)
+    w = torch.randn(4, 32, generator=g).requires_grad_(True)
+    b = torch.randn(4, 32, generator=g).requires_grad_(True)
+    out = op.rmsnorm(x, w, b)
+    dout = torch.randn(out.shape, generator=g).to(out.dtype)
+    out.backward(dout)
+    xr, wr, br = f64(x), f64(w), f64(b)
+    want = formula(xr, wr, br)[0]
+    want.backward(dout.double())
+    close(out, want)
+    close(x.grad, xr.grad, x.dtype)
+    for got, ref in ((w, wr), (b, br)):
+        torch.testing.assert_close(got.grad.double(), ref.grad, atol=0.05 * (1 + ref.grad.abs().max().item()),
+                                   rtol=0.02)
+    assert op.rmsnorm_fwd(x.detach(), w.detach(), store_rstd=True)[2].shape == (2, 3, 4)
+
+
 @pytest.mark.parametrize("call,match", [
-    (lambda x: op.rmsnorm_fwd(x, torch.ones(17)), r"weight has shape \(17,\), expected \(16,\)"),
-    (lambda x: op.rmsnorm_fwd(x.to(torch.int32)), "x has dtype torch.int32; supported"),
-    (lambda x: op.rmsnorm_fwd(x.double()), "x has dtype torch.float64"),
-    (lambda x: op.rmsnorm_fwd(x, torch.ones(16, dtype=torch.float64)), "weight has dtype torch.float64"),
+    (lambda x: op.rmsnorm_fwd(x, torch.ones(17)), r"weight has shape \(17,\); expected \(16,\)"),
+    (lambda x: op.rmsnorm_fwd(x.to(torch.int32)), "Unsupported dtype: x is torch.int32"),
+    (lambda x: op.rmsnorm_fwd(x.double()), "Unsupported dtype: x is torch.float64"),
+    (lambda x: op.rmsnorm_fwd(x, torch.ones(16, dtype=torch.float64)), "Weight must be float32, float16 or bf"),
     (lambda x: op.rmsnorm_fwd(x, torch.ones(16, device="meta")), "weight is on meta but x is on cpu"),
     (lambda x: op.rmsnorm_fwd(x, residual=torch.ones(4, 15)), r"residual has shape \(4, 15\)"),
+    (lambda x: op.rmsnorm_fwd(x, residual=torch.ones(4, 16, dtype=torch.int8)), "Residual must be float16"),
     (lambda x: op.rmsnorm_fwd(x, bias=torch.ones(2, 8)), r"bias has shape \(2, 8\)"),
     (lambda x: op.rmsnorm_fwd(x, out_dtype=torch.int8), "out_dtype=torch.int8 is not supported"),
-    (lambda x: op.rmsnorm_fwd(x, eps=-1.0), "eps must be a finite number >= 0"),
+    (lambda x: op.rmsnorm_fwd(x, eps=-1.0), "eps must be a number >= 0"),
+    (lambda x: op.rmsnorm_fwd(x, weight_offset=1.0), "weight_offset requires a weight"),
     (lambda x: op.rmsnorm_fwd(x[:, :0]), "N > 0"),
     (lambda x: op.rmsnorm_fwd(x.numpy()), "x must be a torch.Tensor"),
-    (lambda x: op.rmsnorm_bwd(x, None, x[:2], torch.ones(4)), r"dout has shape \(2, 16\)"),
+    (lambda x: op.rmsnorm_bwd(x, None, x[:2], torch.ones(4)), r"dout must be a tensor of x's shape \(4, 16\)"),
     (lambda x: op.rmsnorm_bwd(x, None, x, torch.ones(3)), "rstd must be an fp32 tensor with one value per row"),
     (lambda x: op.rmsnorm_bwd(x, None, x, torch.ones(4, dtype=torch.float16)), "rstd must be an fp32 tensor"),
 ])
 def test_bad_input_raises_a_clear_error(call, match):
-    with pytest.raises(ValueError, match=match):
-        call(torch.randn(4, 16))
+    for kind in (ValueError, AssertionError):   # QuACK asserts; a ValueError is what a caller expects
+        with pytest.raises(kind, match=match):
+            call(torch.randn(4, 16))
 
 
-def test_cpu_and_other_gpus_use_the_reference():
-    assert "not on a CUDA device" in runtime.why_not_gpu(torch.device("cpu"))
-    runtime._CAPABILITY[99] = (8, 0)
-    try:
-        assert "sm_80" in runtime.why_not_gpu(torch.device("cuda", 99))
-    finally:
-        del runtime._CAPABILITY[99]
+def _paths(x_dt):
+    """Every path of the forward op's schema: plain, weight offset, bias, residual, dtype overrides, per-head."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 40, generator=g).to(x_dt)
+    w, b = torch.randn(40, generator=g), torch.randn(40, generator=g)
+    res = torch.randn(6, 40, generator=g)
+    xh, wh = torch.randn(3, 4, 16, generator=g).to(x_dt), torch.randn(4, 16, generator=g)
+    return [(x, w, None, None, None, None, 1e-6, 0.0, False), (x, w, None, None, None, None, 1e-5, 1.0, False),
+            (x, w, b, None, torch.float32, None, 1e-6, 0.0, False), (x, None, None, res, None, None, 1e-6, 0.0, True),
+            (x, w, None, None, None, torch.float32, 1e-6, 0.0, True), (xh, wh, None, None, None, None, 1e-6, 0.0,
+                                                                      False)]
 
 
-def test_dispatch_choices_from_the_shipped_table(rmsnorm):
-    table = op.FWD.table
-    assert table is not None, "kernels/ops/rmsnorm_fwd.json is missing: run `kernel-factory export ... --build`"
-    def genes(entry):   # the table's genes; genes added to the space since the export take their defaults
-        return table["genomes"][entry["genome"]]["genes"].items()
-
-    genome, why = op.FWD.choose("bfloat16", 4096)
-    assert why.startswith("N=4096") and genes(table["dtypes"]["bfloat16"]["by_n"]["4096"]) <= genome.gene_dict.items()
-    genome, why = op.FWD.choose("bfloat16", 5120)
-    assert why.startswith("general") and genes(table["dtypes"]["bfloat16"]["general"]) <= genome.gene_dict.items()
-    genome, why = op.FWD.choose("float16", 5120)
-    assert why.startswith("general") and genes(table["dtypes"]["float16"]["general"]) <= genome.gene_dict.items()
-    assert genome != Genome.of(rmsnorm.space.defaults())
+@pytest.mark.parametrize("x_dt", [torch.bfloat16, torch.float16, torch.float32])
+def test_opcheck_every_path(x_dt):
+    for args in _paths(x_dt):
+        grad = [a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for a in args]
+        torch.library.opcheck(torch.ops.kernel_factory.rmsnorm_fwd.default, tuple(grad))
+        x, w = args[0], args[1]
+        _, _, rstd = torch.ops.kernel_factory.rmsnorm_fwd(*args)
+        dout = torch.randn_like(x)
+        torch.library.opcheck(torch.ops.kernel_factory.rmsnorm_bwd.default,
+                              (x, w, dout, rstd, None, args[2] is not None, args[7]))
 
 
-def test_prebuilt_cubins_are_used_while_they_match_the_template(tmp_path, monkeypatch, rmsnorm):
-    from kernel_factory.evo.tools import dispatch
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_compiled_fullgraph_forward_and_backward_with_dynamic_shapes():
+    """torch.compile(fullgraph=True) traces the registered ops through their fake implementations: no graph break,
+    and one compiled function serves 2-D and then 4-D inputs of other sizes."""
+    torch._dynamo.reset()
+
+    def f(x, w, res):
+        out, res_out = op.rmsnorm(x, w, residual=res, prenorm=True, weight_offset=0.5)
+        return out.float().square().sum() + res_out.float().sum()
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend="aot_eager")
+    for shape in [(8, 64), (2, 3, 5, 64), (3, 64), (4, 1, 7, 64)]:
+        x, w, _, res = tensors(shape, torch.bfloat16, torch.float32, res_dt=torch.float32, seed=12, grad=True)
+        compiled(x, w, res).backward()
+        xr, wr, rr = (t.detach().clone().requires_grad_(True) for t in (x, w, res))
+        f(xr, wr, rr).backward()
+        for got, ref in ((x, xr), (w, wr), (res, rr)):
+            torch.testing.assert_close(got.grad, ref.grad, atol=1e-2, rtol=1e-2)
+
+
+def test_rmsnorm_module_is_a_drop_in_for_torch():
+    ours, theirs = op.RMSNorm(48, eps=1e-5), torch.nn.RMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.randn(48, generator=torch.Generator().manual_seed(13)))
+    ours.load_state_dict(theirs.state_dict())
+    assert list(ours.state_dict()) == list(theirs.state_dict()) == ["weight"]
+    x = torch.randn(4, 7, 48, generator=torch.Generator().manual_seed(14))
+    torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+    two = op.RMSNorm((3, 16), elementwise_affine=False)     # several trailing dims, eps=None: torch's defaults
+    y = torch.randn(5, 3, 16)
+    torch.testing.assert_close(two(y), torch.nn.RMSNorm((3, 16), elementwise_affine=False)(y), atol=1e-5,
+                               rtol=1e-5)
+
+
+def test_cpu_runs_the_reference_and_says_so_once():
+    op._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op.rmsnorm(torch.randn(3, 8))
+        op.rmsnorm(torch.randn(3, 8))
+    said = [str(w.message) for w in caught if "torch reference" in str(w.message)]
+    assert len(said) == 1 and "tensors on cpu" in said[0]
+
+
+def test_other_gpus_get_a_clear_answer(monkeypatch):
+    """An sm_80 GPU: the sm_90a kernels' source uses clusters, so no JIT build; the reason names the GPU."""
     kernels = runtime.Kernels("rmsnorm_fwd")
-    genome, _ = kernels.choose("bfloat16", 4096)
-    cubin = kernels.cubin(genome, "bfloat16")
-    record = kernels.table["cubins"].get(f"{genome.id}:bfloat16")
-    jitted = list(tmp_path.glob("kernel-factory/ops/*/*.cubin"))
-    if record is not None and record["body_sha256"] == dispatch.body_sha256(rmsnorm, genome, "bfloat16"):
-        assert cubin == (kernels.table_path.parent / record["file"]).read_bytes() and not jitted
-    else:   # the template changed since the export (re-export with --build): compiled here instead
-        assert [p.read_bytes() for p in jitted] == [cubin]
+    monkeypatch.setattr(kernels, "module", lambda kernel, index: None)
+    why = kernels.why_not(0, "bfloat16", lambda index: (8, 0))
+    assert "sm_80" in why and "does not compile for this GPU" in why
+    assert kernels.why_not(1, "bfloat16", lambda index: (9, 0)) is None   # decided once per (device, dtype)
 
 
-def test_missing_table_means_default_genome_and_jit_cache(tmp_path, monkeypatch, rmsnorm):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    kernels = runtime.Kernels("rmsnorm_fwd", tmp_path / "nothing.json")
-    genome, why = kernels.choose("bfloat16", 4096)
-    assert genome == Genome.of(rmsnorm.space.defaults()) and why == "default genome (no dispatch table)"
-    cubin = kernels.cubin(genome, "float32")
-    assert cubin[:4] == b"\x7fELF"
-    cached = list((tmp_path / "cache" / "kernel-factory" / "ops").glob("*/*.cubin"))
-    assert len(cached) == 1 and cached[0].read_bytes() == cubin
-    assert kernels.cubin(genome, "float32") == cubin      # from the cache this time
+def test_the_op_imports_nothing_of_the_factory():
+    code = ("import sys, kernel_factory.kernels.rmsnorm; "
+            "print(sorted(m for m in sys.modules if m.startswith('kernel_factory.') and "
+            "not m.startswith('kernel_factory.kernels')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
 
 
-def test_missing_problem_plugin_is_reported_not_raised():
-    missing = runtime.Kernels("no_such_problem")
-    assert "does not load" in missing.unavailable()
+@pytest.mark.parametrize("problem", ["rmsnorm_fwd", "rmsnorm_bwd"])
+def test_shipped_tables_are_self_contained(problem):
+    """Every kernel the table can dispatch to has an intact cubin, a shipped source and a recipe that evaluates to a
+    launch at random shapes: the op needs nothing else."""
+    t = table.Table(runtime.OPS_DIR / f"{problem}.json")
+    rng = np.random.default_rng(15)
+    for dtype in t.dtypes():
+        for n in [1, 7, 256, 4096, 4100, 7168, 262144]:
+            kernel = t.kernel(dtype, int(n))
+            assert kernel.cubin()[:4] == b"\x7fELF"
+            assert "extern \"C\"" in kernel.source()
+            for m in rng.integers(1, 70000, 4):
+                plan = recipe.evaluate(kernel.recipe, int(m), int(n), 1e-6,
+                                       {name: 256 for name in recipe.aligned_names(kernel.recipe)})
+                for step in plan.steps:
+                    assert step.grid >= 1 and step.grid % step.cluster == 0 and step.block % 32 == 0
 
 
-def test_eps_reaches_the_launch_plan():
-    step = Launch((1, 1, 1), (32, 1, 1), 0, ("x", np.int32(3), np.float32(1e-6)))
-    plan, count = runtime.with_scalar((step, step), np.float32(1e-6), np.float32(1e-5))
-    assert count == 2 and all(s.args[2] == np.float32(1e-5) and s.args[1] == 3 for s in plan)
-    _, count = runtime.with_scalar(step, np.float32(1e-6), np.float32(1e-6))
-    assert count == 1
-    assert runtime.problem_constant(op.FWD.problem, "EPS") == 1e-6
+def test_a_stale_cubin_is_refused(tmp_path):
+    data = json.loads((runtime.OPS_DIR / "rmsnorm_fwd.json").read_text())
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    kernel = table.Table(tmp_path / "t.json").kernel("bfloat16", 4096)
+    kernel.cubin_path.parent.mkdir()
+    kernel.cubin_path.write_bytes(b"\x7fELF not the built cubin")
+    with pytest.raises(table.TableError, match="does not match its sha256"):
+        kernel.cubin()
 
 
-class _Module:
-    """A loaded cubin's stand-in: records what Prepared asks of it."""
-
-    def __init__(self):
-        self.shared, self.clusters, self.kernels = [], [], []
-
-    def allow_shared(self, name, nbytes):
-        self.shared.append((name, nbytes))
-
-    def allow_cluster(self, name, cluster):
-        self.clusters.append((name, cluster))
-
-    def kernel(self, name):
-        self.kernels.append(name)
-        return f"kernel:{name}"
-
-
-def test_prepared_launch_puts_each_calls_addresses_into_the_cached_plan():
-    from kernel_factory.evo.evaluate.launcher import Prepared
-    from kernel_factory.kernels.runtime import alignments
-    from kernel_factory.problems.rmsnorm_bwd import problem as bwd
-
-    def addresses(tensors):
-        return {name: t.data_ptr() for name, t in tensors.items()}
-    case = Case((300, 4096), "bfloat16")
-    inputs, outputs = bwd.make_inputs(case, 1, "cpu"), bwd.make_outputs(case, "cpu")
-    first = {**inputs, **outputs}
-    genome = Genome.of(bwd.space.defaults())
-    steps = launch_steps(bwd.launch(genome.gene_dict, case, inputs, outputs))
-    module = _Module()
-    prepared = Prepared(module, steps, {id(t): name for name, t in first.items()})
-    assert [k for _, k, _, _ in prepared.steps] == ["kernel:rmsnorm_bwd", "kernel:rmsnorm_bwd_dw"]
-    assert module.shared == [("rmsnorm_bwd", steps[0].shared_bytes), ("rmsnorm_bwd_dw", 0)]
-    assert module.clusters == [("rmsnorm_bwd", None), ("rmsnorm_bwd_dw", None)]
-    # Another call's tensors (same shape, new storage): their addresses, in the problem's argument order.
-    again_in, again_out = bwd.make_inputs(case, 2, "cpu"), bwd.make_outputs(case, "cpu")
-    tensors = {**again_in, **again_out}
-    fresh = launch_steps(bwd.launch(genome.gene_dict, case, again_in, again_out))
-    want = [[a.data_ptr() if hasattr(a, "data_ptr") else a for a in s.args] for s in fresh]
-    assert prepared.arguments(addresses(tensors)) == want
-    assert prepared.arguments(addresses(tensors))[0][0] != prepared.arguments(addresses(first))[0][0]
-    assert prepared.arguments() == prepared.arguments(addresses(first))   # as prepared: the first call's tensors
-    assert alignments(addresses(tensors)) == alignments(addresses(first))
-    assert alignments(addresses({**tensors, "x": again_in["x"].view(-1)[1:]})) != alignments(addresses(tensors))
-
-
-@pytest.fixture
-def simulated_gpu(monkeypatch):
-    """The kernel path on CPU: real dispatch choices and launch plans, with each launch replaced by the problem's
-    reference written into the outputs (eps read back from the plan). Records (problem, case, steps) per launch."""
-    launches = []
-
-    def fake_run(self, case, inputs, outputs, scalars=None):
-        genome, steps = self.plan(case, inputs, outputs, scalars)
-        launches.append((self.problem_name, case, steps))
-        if self.problem_name == "rmsnorm_fwd":
-            eps = float(next(a for a in steps[0].args if isinstance(a, np.float32)))
-            xf = inputs["x"].float()
-            rstd = torch.rsqrt(xf.square().mean(dim=-1) + eps)
-            want = {"y": xf * rstd[:, None] * inputs["w"], "rstd": rstd}
-        else:
-            want = self.problem.reference(inputs)
-        for key, value in want.items():
-            outputs[key].copy_(value)
-        return genome
-
-    monkeypatch.setattr(runtime, "why_not_gpu", lambda device: None)
-    monkeypatch.setattr(runtime.Kernels, "run", fake_run)
-    return launches
-
-
-def test_kernel_path_plumbing(simulated_gpu):
-    assert op.BWD.unavailable() is None, op.BWD.unavailable()
-    x, w, b, res = tensors((2, 3, 40), torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, seed=8,
-                           grad=True)
-    out = op.rmsnorm(x, w, eps=1e-5)                              # plain: the bf16 kernels on x
-    out.backward(torch.ones_like(out))
-    xr, wr = f64(x), f64(w)
-    formula(xr, wr, eps=1e-5)[0].backward(torch.ones_like(xr))
-    close(out, formula(x.double(), w.double(), eps=1e-5)[0])
-    close(x.grad, xr.grad)
-    torch.testing.assert_close(w.grad.double(), wr.grad, atol=0.05, rtol=0.02)
-    assert [(p, c.dtype, c.shape) for p, c, _ in simulated_gpu] == [("rmsnorm_fwd", "bfloat16", (6, 40)),
-                                                                   ("rmsnorm_bwd", "bfloat16", (6, 40))]
-    scalars = [a for a in simulated_gpu[0][2][0].args if isinstance(a, np.float32)]
-    assert scalars == [np.float32(1e-5)]                             # the caller's eps reached the launch
-    assert [s.kernel for s in simulated_gpu[1][2]] == ["rmsnorm_bwd", "rmsnorm_bwd_dw"]
-    simulated_gpu.clear()
-    out, residual_out = op.rmsnorm(x, w, b, res, out_dtype=torch.float32, prenorm=True)   # the fp32 kernels on h
-    (out.sum() + residual_out.sum()).backward()
-    assert [(p, c.dtype) for p, c, _ in simulated_gpu] == [("rmsnorm_fwd", "float32"), ("rmsnorm_bwd", "float32")]
-    close(out, formula(x.double(), w.double(), b.double(), res.double())[0], torch.float32)
+def test_recipes_say_what_they_cannot_evaluate():
+    with pytest.raises(recipe.RecipeError, match="unknown recipe operation 'pow'"):
+        recipe.value(["pow", 2, 3], {})
+    with pytest.raises(recipe.RecipeError, match="recipe names 'K'"):
+        recipe.value(["add", "K", 1], {"M": 1})
+    assert recipe.value(["if", ["le", "M", 3], ["cdiv", "M", 2], ["div", 1, 0]], {"M": 3}) == 2
+    assert [recipe.alignment(a) for a in (0, 1, 6, 8, 24, 4096)] == [16, 1, 2, 8, 8, 16]

@@ -1,6 +1,8 @@
-"""The dispatch table that `kernel-factory export` writes and the library ops read (kernels/ops/<problem>.json):
-per dtype, the genome to run at each row width N that a run measured, a general genome for every other N, where
-each number came from, and optionally prebuilt sm_90a cubins next to it (kernels/ops/cubins/).
+"""The dispatch table that `kernel-factory export` writes and the library op reads (kernels/ops/<problem>.json; the
+op's reader is kernels/table.py): per dtype, the genome to run at each row width N that a run measured, a general
+genome for every other N, where each number came from, and, with --build, everything the op needs to run each
+(genome, dtype) without the factory: its sm_90a cubin (kernels/ops/cubins/), its launch recipe (kernels/recipe.py)
+and its compressed source (kernels/ops/sources/, for a JIT build on another architecture).
 
 The key is exact (dtype, N) and M is ignored. That is safe for row-wise kernels: each row is normalized on its own
 (a backward also sums dw over rows, but its grid, not its correctness, depends on M), every genome passed the
@@ -10,6 +12,7 @@ is bound by launch latency and the choice matters little.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from pathlib import Path
@@ -17,12 +20,15 @@ from typing import Any, Mapping
 
 from ..config import ConfigError
 from ..evaluate import render
+from ...kernels import table as op_table
 from ..evaluate.compile import ARCH, CompileJob, compile_one, nvrtc_version
-from ..protocols import Problem
+from ..protocols import LaunchRecipe, Problem
 from ..types import Candidate, Genome
 
-FORMAT = "kernel-factory-dispatch/1"
+FORMAT = op_table.FORMAT
+OLD_FORMAT = "kernel-factory-dispatch/1"   # before launch recipes: the same selection, kernels not yet built
 CUBIN_FOLDER = "cubins"
+SOURCE_FOLDER = "sources"
 DISPATCH_KEY = ("exact (dtype, N), else the dtype's general genome. M is ignored: the kernels work row by row, "
                 "every genome passed the problem's correctness gate at many M (M = 1 and ragged M included), and M "
                 "only sets how many rows the grid covers; each N's genome was chosen at the largest M measured for "
@@ -42,7 +48,7 @@ def load(path: str | Path) -> dict[str, Any]:
         raise TableError(f"cannot read dispatch table {str(path)!r}: {exc.strerror or exc}") from exc
     except json.JSONDecodeError as exc:
         raise TableError(f"dispatch table {str(path)!r} is not JSON: {exc}") from exc
-    if not isinstance(table, dict) or table.get("format") != FORMAT:
+    if not isinstance(table, dict) or table.get("format") not in (FORMAT, OLD_FORMAT):
         raise TableError(f"{str(path)!r} is not a dispatch table (expected format {FORMAT!r}); "
                          f"write one with `kernel-factory export`")
     known = set(table.get("genomes", {}))
@@ -103,11 +109,17 @@ def used(table: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def build(problem: Problem, table: dict[str, Any], folder: str | Path) -> dict[str, Any]:
-    """Compile every genome the table dispatches to into folder/<problem>-<genome>-<dtype>.cubin, record each one
-    in table["cubins"] (file, sha256 of the bytes and of the source body, toolchain), and delete this problem's
-    cubins that the table no longer names. Returns the table."""
+    """Compile every genome the table dispatches to into folder/<problem>-<genome>-<dtype>.cubin, write its source
+    beside (folder/../sources/, gzip), and record in table["kernels"] what the op needs: the cubin's file and sha256,
+    the launch recipe, the source file and the toolchain. Deletes this problem's cubins and sources that the table no
+    longer names. Returns the table."""
+    if not isinstance(problem, LaunchRecipe):
+        raise TableError(f"problem {problem.name!r} has no recipe(genes, dtype): the op cannot launch its kernels "
+                         f"without the plugin; give it a launch recipe (kernels/recipe.py) to export it")
     folder = Path(folder)
+    sources = folder.parent / SOURCE_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
+    sources.mkdir(parents=True, exist_ok=True)
     toolchain = nvrtc_version()
     records = {}
     for genome_id, dtype in used(table):
@@ -115,34 +127,20 @@ def build(problem: Problem, table: dict[str, Any], folder: str | Path) -> dict[s
         cubin = compile_cubin(problem, g, dtype)
         name = cubin_name(problem.name, genome_id, dtype)
         (folder / name).write_bytes(cubin)
-        records[f"{genome_id}:{dtype}"] = {"file": f"{folder.name}/{name}", "sha256": hashlib.sha256(cubin).hexdigest(),
-                                           "body_sha256": body_sha256(problem, g, dtype), "arch": ARCH,
-                                           "nvrtc": toolchain}
-    keep = {Path(r["file"]).name for r in records.values()}
-    for stale in folder.glob(f"{problem.name}-*.cubin"):
+        stem = name[:-len(".cubin")]
+        (sources / f"{stem}.cu.gz").write_bytes(gzip.compress(source(problem, g, dtype).encode(), mtime=0))
+        records[f"{genome_id}:{dtype}"] = {
+            "cubin": f"{folder.name}/{name}", "sha256": hashlib.sha256(cubin).hexdigest(),
+            "source": f"{sources.name}/{stem}.cu.gz", "body_sha256": body_sha256(problem, g, dtype),
+            "arch": ARCH, "nvrtc": toolchain, "recipe": problem.recipe(g.gene_dict, dtype)}
+    keep = {Path(r["cubin"]).name for r in records.values()} | {Path(r["source"]).name for r in records.values()}
+    for stale in [*folder.glob(f"{problem.name}-*.cubin"), *sources.glob(f"{problem.name}-*.cu.gz")]:
         if stale.name not in keep:
             stale.unlink()
-    table["cubins"] = records
+    table.pop("cubins", None)
+    table["format"] = FORMAT
+    table["kernels"] = records
     return table
-
-
-def prebuilt(problem: Problem, table: Mapping[str, Any], table_path: str | Path, genome: Genome,
-             dtype: str) -> bytes | None:
-    """The table's prebuilt cubin for (genome, dtype) if it exists, is intact and was built from the source this
-    template renders now; else None (the caller compiles)."""
-    record = table.get("cubins", {}).get(f"{genome.id}:{dtype}")
-    if record is None or record.get("arch") != ARCH:
-        return None
-    path = Path(table_path).parent / record["file"]
-    try:
-        cubin = path.read_bytes()
-    except OSError:
-        return None
-    if hashlib.sha256(cubin).hexdigest() != record["sha256"]:
-        return None
-    if record["body_sha256"] != body_sha256(problem, genome, dtype):
-        return None
-    return cubin
 
 
 def dumps(table: Mapping[str, Any]) -> str:

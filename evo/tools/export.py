@@ -248,7 +248,7 @@ def make_table(problem: Problem, measurements: Sequence[Measurement], sources: S
                           "dtype's benchmark cases among measurements covering all of them"),
             "evaluator_kinds": {k: EVALUATOR_KINDS.get(k, "unknown") for k in kinds},
             "sources": list(sources), "notes": notes, "genomes": dict(sorted(genomes.items())), "dtypes": dtypes,
-            "cubins": {}}
+            "kernels": {}}
 
 
 def export(problem_name: str, specs: Sequence[str], out: str | Path, runs_dir: str | Path = "runs",
@@ -276,7 +276,7 @@ def export(problem_name: str, specs: Sequence[str], out: str | Path, runs_dir: s
 
 def summary(path: Path, table: Mapping[str, Any]) -> str:
     """A few lines for the console: per dtype the general genome and how many widths have an exact entry."""
-    lines = [f"dispatch table -> {path} ({len(table['genomes'])} genomes, {len(table['cubins'])} cubins)"]
+    lines = [f"dispatch table -> {path} ({len(table['genomes'])} genomes, {len(table['kernels'])} built kernels)"]
     for dtype, entry in table["dtypes"].items():
         gen = entry["general"]
         how = gen["provenance"].get("evaluator")

@@ -1,0 +1,106 @@
+"""The dispatch table as the library op reads it (kernels/ops/<problem>.json, written by `kernel-factory export`).
+
+Per dtype: the genome to run at each row width N that a run measured, and a general genome for every other N. Per
+(genome, dtype) a kernel entry: the sm_90a cubin file and its sha256, the kernel names, the launch recipe
+(kernels/recipe.py) and the compressed CUDA source (for a JIT build on another architecture). Everything the op
+needs is in the table and the files beside it; nothing here imports the factory. Needs only the standard library.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+FORMAT = "kernel-factory-dispatch/2"
+
+
+class TableError(ValueError):
+    """A dispatch table that cannot be read or used; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One exported (genome, dtype): what the op loads and how it launches it."""
+
+    genome: str
+    dtype: str
+    why: str                      # why the dispatch chose it ("N=4096", "general")
+    cubin_path: Path
+    cubin_sha256: str
+    arch: str
+    recipe: Mapping[str, Any]
+    source_path: Path | None
+
+    def cubin(self) -> bytes:
+        """The cubin's bytes, checked against the table's sha256."""
+        try:
+            data = self.cubin_path.read_bytes()
+        except OSError as exc:
+            raise TableError(f"cannot read cubin {self.cubin_path}: {exc.strerror or exc}") from exc
+        if hashlib.sha256(data).hexdigest() != self.cubin_sha256:
+            raise TableError(f"cubin {self.cubin_path} does not match its sha256 in the table; re-export")
+        return data
+
+    def source(self) -> str | None:
+        """The CUDA source the cubin was built from (for a build on another architecture), if shipped."""
+        if self.source_path is None or not self.source_path.is_file():
+            return None
+        return gzip.decompress(self.source_path.read_bytes()).decode()
+
+
+class Table:
+    """A loaded table: lookup by (dtype, N)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            self.data = json.loads(self.path.read_text())
+        except OSError as exc:
+            raise TableError(f"cannot read dispatch table {str(self.path)!r}: {exc.strerror or exc}") from exc
+        except json.JSONDecodeError as exc:
+            raise TableError(f"dispatch table {str(self.path)!r} is not JSON: {exc}") from exc
+        if not isinstance(self.data, dict) or self.data.get("format") != FORMAT:
+            raise TableError(f"{str(self.path)!r} is not a dispatch table of format {FORMAT!r} "
+                             f"(found {self.data.get('format') if isinstance(self.data, dict) else 'no format'}); "
+                             f"write one with `kernel-factory export ... --build`")
+        for dtype, entry in self.data.get("dtypes", {}).items():
+            for gid in (entry["general"]["genome"], *(e["genome"] for e in entry.get("by_n", {}).values())):
+                if f"{gid}:{dtype}" not in self.data.get("kernels", {}):
+                    raise TableError(f"dispatch table {str(self.path)!r}: {dtype} dispatches to genome {gid}, which "
+                                     f"has no built kernel; re-export with --build")
+
+    @property
+    def problem(self) -> str:
+        return self.data.get("problem", "")
+
+    def dtypes(self) -> list[str]:
+        return sorted(self.data.get("dtypes", {}))
+
+    def choose(self, dtype: str, n: int) -> tuple[str, str] | None:
+        """(genome id, why) for rows of width n in dtype: the exact N's entry, else the dtype's general genome;
+        None when the table has nothing for the dtype."""
+        entry = self.data.get("dtypes", {}).get(dtype)
+        if entry is None:
+            return None
+        exact = entry.get("by_n", {}).get(str(n))
+        if exact is not None:
+            return exact["genome"], f"N={n}"
+        return entry["general"]["genome"], "general"
+
+    def kernel(self, dtype: str, n: int) -> Kernel | None:
+        """The kernel entry the dispatch chooses for (dtype, n), or None when the table has no such dtype."""
+        found = self.choose(dtype, n)
+        if found is None:
+            return None
+        gid, why = found
+        rec = self.data["kernels"][f"{gid}:{dtype}"]
+        folder = self.path.parent
+        return Kernel(gid, dtype, why, folder / rec["cubin"], rec["sha256"], rec["arch"], rec["recipe"],
+                      folder / rec["source"] if rec.get("source") else None)
+
+    def genes(self, genome_id: str) -> dict[str, Any]:
+        """A genome's genes as exported (for explaining a choice)."""
+        return dict(self.data["genomes"][genome_id]["genes"])
