@@ -17,9 +17,8 @@ from kernel_factory.evo.tools.bench import SUBJECT
 
 ROOT = Path(__file__).resolve().parent.parent
 FWD, BWD = str(ROOT / "kernels/ops/rmsnorm_fwd.json"), str(ROOT / "kernels/ops/rmsnorm_bwd.json")
-EVIDENCE = [ROOT / "runs/evidence/h200-2026-11-30d/bench/fwd-bf16.json",
-            ROOT / "runs/evidence/h200-2026-12-01/bench/fwd-fp16-fp32.json",
-            ROOT / "runs/evidence/h200-2026-12-01/bench/bwd.json"]
+EVIDENCE = [ROOT / "docs/results/bench/fwd-bf16.json", ROOT / "docs/results/bench/fwd-fp16-fp32.json",
+            ROOT / "docs/results/bench/bwd.json"]
 
 
 def suite_file(folder: Path, parts: list[dict], **top) -> Path:
