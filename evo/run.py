@@ -20,7 +20,8 @@ from .history import History, Record
 from .loop import evolve
 from .lessons import to_markdown
 from . import credit
-from .observers import journal
+from .evaluate import render
+from . import journal
 from .protocols import Evaluator, EvaluatorInfo, RunInfo, RunSummary
 from .types import Candidate, EvalResult
 from .variation import Proposer
@@ -73,9 +74,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     from .observers.mlflow_store import cases_key
     key = cases_key(run.problem.name, run.cases, run.baseline)
     if resume:
-        known = {r["candidate"]["id"]: EvalResult.from_json(r["result"])
-                 for r in journal.read(folder / "journal.jsonl") if r["event"] == "result"}
-        evaluator = JournalCache(evaluator, known)
+        evaluator = JournalCache(evaluator, journal.read(folder / journal.NAME).known())
         prior = [Record.from_json(json.loads(line)) for line in (folder / PRIOR_FILE).read_text().splitlines()]
     else:
         prior = _prior(cfg, run, evaluator.info.fingerprint.get("gpu", ""), key, run_id)
@@ -132,10 +131,9 @@ def table_seeds(path: str | None, problem, space) -> list:
 
 def resume(run_id: str, out_dir: str = "runs") -> RunSummary:
     """Continue a killed run from its journal (same config, seed and snapshot of earlier runs)."""
-    path = Path(out_dir) / run_id / "journal.jsonl"
+    path = Path(out_dir) / run_id / journal.NAME
     if not path.is_file():
-        runs = sorted(p.parent.name for p in Path(out_dir).glob("*/journal.jsonl"))
+        runs = sorted(p.parent.name for p in Path(out_dir).glob(f"*/{journal.NAME}"))
         raise ConfigError(f"no journal for run {run_id!r} under {out_dir}/; runs there: {', '.join(runs) or 'none'}")
-    start = journal.read(path)[0]
-    cfg = config_mod.parse(start["config"])
+    cfg = config_mod.parse(journal.read(path).config)
     return execute(cfg, run_id, resume=True)

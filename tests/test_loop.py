@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from kernel_factory.evo import config
-from kernel_factory.evo.observers import journal
+from kernel_factory.evo import journal
 from kernel_factory.evo.run import execute
 from kernel_factory.evo.types import Status
 
@@ -16,7 +16,7 @@ def run(cfg_dict, *overrides, observers=("journal",)):
 
 
 def journal_of(cfg, summary):
-    return journal.read(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
+    return journal.records(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
 
 
 def test_replay_run_improves_and_records_everything(replay_config):

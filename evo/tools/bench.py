@@ -263,16 +263,15 @@ def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:
 
 
 def run_best_genes(spec: str, problem: Problem) -> Mapping[str, GeneValue]:
-    from ..observers import journal
-    path = Path(spec) if Path(spec).is_file() else Path("runs") / spec / "journal.jsonl"
+    from .. import journal
+    path = Path(spec) if Path(spec).is_file() else Path("runs") / spec / journal.NAME
     if not path.is_file():
         raise ConfigError(f"--run {spec!r}: no journal at {path}")
-    records = journal.read(path)
-    end = [r for r in records if r["event"] == "end"]
-    best = end[-1]["best"] if end else None
-    for r in records:
-        if r["event"] == "result" and r["candidate"]["id"] == best:
-            genome = Genome.from_json(r["candidate"]["genome"])
+    run = journal.read(path)
+    best = run.end.best if run.end else None
+    for cand, _ in run.pairs():
+        if cand.id == best:
+            genome = cand.genome
             if genome.patch:
                 raise ConfigError(f"--run {spec!r}: its best candidate carries a code patch; bench takes genes only")
             return {**problem.space.defaults(), **genome.gene_dict}
