@@ -16,7 +16,7 @@ from typing import Sequence
 
 from . import build, config as config_mod
 from .config import ConfigError, RunConfig
-from .history import History, Record
+from .history import History, Record, cases_key
 from .loop import evolve
 from .lessons import to_markdown
 from . import credit
@@ -60,7 +60,7 @@ def _prior(cfg: RunConfig, run: build.Run, gpu: str, key: str, run_id: str) -> l
     wanted = s.policy == "bandit" or s.lessons or s.surrogate.enabled or s.warm_start.enabled
     if "mlflow" not in cfg.observers or not wanted:
         return []
-    from .observers.mlflow_store import load_prior
+    from .prior import load_prior   # imports mlflow: only when earlier runs are read
     return load_prior(cfg.tracking.store, cfg.tracking.experiment or run.problem.name, run.problem.space, gpu, key,
                       run_id)
 
@@ -71,7 +71,6 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     run_id = run_id or new_run_id(run.problem.name)
     folder = Path(cfg.out_dir) / run_id
     evaluator = build.make_evaluator(run, kind)
-    from .observers.mlflow_store import cases_key
     key = cases_key(run.problem.name, run.cases, run.baseline)
     if resume:
         evaluator = JournalCache(evaluator, journal.read(folder / journal.NAME).known())

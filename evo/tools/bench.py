@@ -30,6 +30,12 @@ SUBJECT = "factory"
 COPY = "copy"   # a device copy moving the row's bytes, timed with the providers: the row's own roofline
 
 
+def peer_set(result: Mapping[str, Any]) -> list[str]:
+    """The baselines that define the best peer in a bench result: the problem's published peers that were benched
+    (run() records them), else every baseline."""
+    return list(result.get("peers") or result["baselines"])
+
+
 @dataclass(frozen=True)
 class Subject:
     """What is benchmarked: per case the genes to launch (a genome, a run's best, a dispatch table), or the
