@@ -22,7 +22,7 @@ from .lessons import to_markdown
 from . import credit
 from .evaluate import render
 from . import journal
-from .protocols import Evaluator, EvaluatorInfo, RunInfo, RunSummary
+from .protocols import Evaluator, EvaluatorInfo, RecordedSpace, Retimes, RunInfo, RunSummary
 from .types import Candidate, EvalResult
 from .variation import Proposer
 
@@ -40,9 +40,9 @@ class JournalCache:
     def __init__(self, inner: Evaluator, known: dict[str, EvalResult]):
         self.inner, self.known = inner, known
         self.info: EvaluatorInfo = inner.info
-        if hasattr(inner, "space"):
+        if isinstance(inner, RecordedSpace):   # the cache offers what the evaluator it wraps offers
             self.space = inner.space
-        if hasattr(inner, "retime"):
+        if isinstance(inner, Retimes):
             self.retime = inner.retime
 
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
@@ -82,7 +82,8 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     history = History(prior)
     seeds = [r.genome for r in history.best(cfg.search.warm_start.count)] if cfg.search.warm_start.enabled else []
     # A replay searches what its recording covers; the config may narrow either.
-    space = build.restrict_space(getattr(evaluator, "space", run.problem.space), cfg.search.space)
+    space = build.restrict_space(evaluator.space if isinstance(evaluator, RecordedSpace) else run.problem.space,
+                                 cfg.search.space)
     seeds += table_seeds(cfg.search.seeds_from, run.problem, space)
     observers = build.make_observers(run)
     resolved = replace(cfg, dtypes=tuple(sorted({c.dtype for c in run.cases})),

@@ -13,7 +13,7 @@ from typing import Iterator, Mapping, Sequence
 from . import credit, lessons
 from .config import SearchConfig
 from .history import History
-from .protocols import ContextOperator, Operator, OperatorContext, Problem, RepairOperator
+from .protocols import ContextOperator, MaybeUnavailable, Operator, OperatorContext, Problem, RepairOperator
 from .surrogate import Surrogate, screen
 from .types import Candidate, EvalResult, GeneSpace, Genome
 
@@ -145,7 +145,7 @@ class Proposer:
         return made + children
 
     def _available(self) -> list[Operator]:
-        return [op for op in self.operators if not getattr(op, "unavailable", None)]
+        return [op for op in self.operators if not (isinstance(op, MaybeUnavailable) and op.unavailable)]
 
     def _attach(self, generation: int) -> None:
         if not self.contextual:

@@ -23,7 +23,7 @@ from ..build import shapes_of
 from ..config import ConfigError
 from ..evaluate import gate, launcher, measure, render
 from ..evaluate.compile import CompileJob, Compiler
-from ..protocols import MissingBaseline, Problem
+from ..protocols import MissingBaseline, Problem, PublishedPeers
 from ..types import Candidate, Case, Genome, GeneValue
 
 SUBJECT = "factory"
@@ -235,7 +235,8 @@ def check_baselines(problem: Problem, baselines: Sequence[str] | None, subject_i
 def published_peers(problem: Problem, baselines: Sequence[str]) -> list[str]:
     """Those of the baselines that the problem names as its published peers (`peers`, the kernels its targets are
     set against); every baseline when it names none or none of them was benched."""
-    return [b for b in getattr(problem, "peers", ()) if b in baselines] or list(baselines)
+    peers = problem.peers if isinstance(problem, PublishedPeers) else ()
+    return [b for b in peers if b in baselines] or list(baselines)
 
 
 def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:
