@@ -179,6 +179,7 @@ class OperatorContext:
     lessons: str                                          # the lessons document (markdown), "" when off
     fingerprint: Mapping[str, str]                        # the evaluator's (gpu, copy_gbps, baseline, ...)
     generation: int                                       # the generation about to be proposed
+    render: Callable[[Candidate, str], str]               # a candidate's CUDA source for a dtype, as compiled
     shared: dict[str, Any] = field(default_factory=dict)  # state the run's operators share (the LLM spend)
 
 

@@ -5,12 +5,14 @@ the evaluator."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterator, Mapping, Sequence
 
 from . import credit, lessons
+from .evaluate import render
 from .config import SearchConfig
 from .history import History
 from .protocols import ContextOperator, MaybeUnavailable, Operator, OperatorContext, Problem, RepairOperator
@@ -151,7 +153,7 @@ class Proposer:
         if not self.contextual:
             return
         context = OperatorContext(self.problem, MappingProxyType(self.results), self.lessons_md, self.fingerprint,
-                                  generation, self.shared)
+                                  generation, functools.partial(render.render, self.problem), self.shared)
         for op in self.contextual:
             op.attach(context)
 
