@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import registry
 from .config import ConfigError, RunConfig
-from .protocols import SHAPE_SETS, Evaluator, Observer, Problem
+from .protocols import SHAPE_SETS, Evaluator, MaybeUnavailable, Observer, Problem
 from .types import Case, GeneSpace
 from .variation import WeightedOperator
 
@@ -84,7 +84,7 @@ def prepare(cfg: RunConfig) -> Run:
     for name, op_cfg in cfg.search.operators.items():
         where = f"search.operators.{name}"
         op = construct(_plugin("operator", name, where), op_cfg.options, where)
-        why = getattr(op, "unavailable", None)   # e.g. an LLM operator with no usable endpoint
+        why = op.unavailable if isinstance(op, MaybeUnavailable) else None   # e.g. an LLM operator, no endpoint
         if why:
             disabled.append(f"{name} ({why})")
         elif op_cfg.weight > 0:

@@ -3,11 +3,18 @@ same problem on the same GPU, and each child's outcome next to its best parent. 
 warm start all learn from this, so that successful and failed experiments both steer the next proposals."""
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from .types import Candidate, EvalResult, GeneValue, Genome, Status
+from .types import Candidate, Case, EvalResult, GeneValue, Genome, Status
+
+
+def cases_key(problem: str, cases: Sequence[Case], baseline: str) -> str:
+    """Fitness is comparable between runs only over the same cases and baseline: this names that combination."""
+    text = "|".join([problem, baseline, *sorted(c.key for c in cases)])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from deap import base, tools
 
 from .config import SearchConfig
 from .history import History, Record
-from .protocols import Evaluator, GenerationStats, Observer, RunSummary, throughput
+from .protocols import Evaluator, GenerationStats, Observer, Retimes, RunSummary, throughput
 from .types import Candidate, EvalResult, GeneSpace, Genome, Status
 from .variation import Proposer, initial_population, seeded_global_random
 
@@ -156,10 +156,9 @@ def evolve(space: GeneSpace, proposer: Proposer, evaluator: Evaluator, observers
 
 def retime_finalists(evaluator: Evaluator, state: RunState, search: SearchConfig) -> tuple:
     """Re-time the top of the hall of fame (and, per case, each case's champion) where the evaluator can."""
-    retime = getattr(evaluator, "retime", None)
-    if retime is None or search.finalists == 0:
+    if not isinstance(evaluator, Retimes) or search.finalists == 0:
         return ()
     chosen = [i.candidate for i in list(state.hof)[:search.finalists] if i.result.fitness > 0]
     if search.per_case_elites:
         chosen += [c for c in case_champions(list(state.seen.values())) if c not in chosen]
-    return tuple(retime(chosen))
+    return tuple(evaluator.retime(chosen))

@@ -92,8 +92,8 @@ class Problem(Protocol):
     dtypes: tuple[str, ...]                              # torch dtype names, e.g. "bfloat16"
     shape_sets: Mapping[str, tuple[tuple[int, ...], ...]]  # keys: SHAPE_SETS
     baselines: tuple[str, ...]                           # names accepted by baseline(); the first is the default
-    # Optional: `peers`, the baselines that are published kernels (the bench's "best peer" is the fastest of them);
-    # `row_outputs`, `special_inputs`, `reference_rows`, `expected_sass` (see the RMSNorm problems).
+    # Optional capabilities, each a protocol below: PublishedPeers, SpecialInputs, RowReference, ExpectedSass,
+    # DeclaresDeterminism (see the RMSNorm problems).
 
     def template(self) -> str:
         """CUDA C++ source that compiles as-is: each gene is a #define with a default."""
@@ -123,6 +123,50 @@ class Problem(Protocol):
         """A zero-argument callable that computes the outputs with baseline `name`; raises MissingBaseline."""
 
 
+# ---- optional capabilities of a problem: a plugin offers one by having its members; the engine asks isinstance() --
+
+@runtime_checkable
+class PublishedPeers(Protocol):
+    """Names the baselines that are published kernels: the bench's "best peer" is the fastest of them."""
+
+    peers: tuple[str, ...]
+
+
+@runtime_checkable
+class SpecialInputs(Protocol):
+    """Has adversarial inputs (zero, huge, tiny, denormal rows) that the gate's last launch checks a kernel on."""
+
+    def special_inputs(self, case: Case, seed: int, device: str) -> dict[str, Any]:
+        ...
+
+
+@runtime_checkable
+class RowReference(Protocol):
+    """Computes its reference at chosen rows, for problems whose outputs are not all row-wise (a backward's dw sums
+    over rows): row_outputs names the outputs split by rows, the others are compared whole."""
+
+    row_outputs: tuple[str, ...]
+
+    def reference_rows(self, inputs: Mapping[str, Any], rows: Any) -> dict[str, Any]:
+        ...
+
+
+@runtime_checkable
+class ExpectedSass(Protocol):
+    """Says what each PTX choice must leave in the binary: (opcode regex at the start, must be present?, why)."""
+
+    def expected_sass(self, genes: Mapping[str, GeneValue], dtype: str) -> list[tuple[str, bool, str]]:
+        ...
+
+
+@runtime_checkable
+class DeclaresDeterminism(Protocol):
+    """Declares whether its kernels give bitwise-equal outputs on a repeated launch (the gate checks that they do
+    unless `deterministic` is False, e.g. for atomics)."""
+
+    deterministic: bool
+
+
 @runtime_checkable
 class Operator(Protocol):
     """Makes one child genome from `arity` parents. Never mutates a parent; all randomness comes from `rng`."""
@@ -143,17 +187,23 @@ class OperatorContext:
     lessons: str                                          # the lessons document (markdown), "" when off
     fingerprint: Mapping[str, str]                        # the evaluator's (gpu, copy_gbps, baseline, ...)
     generation: int                                       # the generation about to be proposed
+    render: Callable[[Candidate, str], str]               # a candidate's CUDA source for a dtype, as compiled
     shared: dict[str, Any] = field(default_factory=dict)  # state the run's operators share (the LLM spend)
 
 
 @runtime_checkable
-class ContextOperator(Operator, Protocol):
-    """An operator that is attached to the run's context once per generation and makes whole candidates: with
-    notes, and with a failure when it already knows the outcome. Each make() may cost money, so the proposer calls
-    it once per child slot (no retries, oversampling or screening). unavailable says why it cannot make children
-    now (no endpoint configured, budget spent), or is None."""
+class MaybeUnavailable(Protocol):
+    """An operator that can be out of service (no endpoint configured, budget spent): unavailable says why, or is
+    None. The proposer skips it while it is."""
 
     unavailable: str | None
+
+
+@runtime_checkable
+class ContextOperator(Operator, MaybeUnavailable, Protocol):
+    """An operator that is attached to the run's context once per generation and makes whole candidates: with
+    notes, and with a failure when it already knows the outcome. Each make() may cost money, so the proposer calls
+    it once per child slot (no retries, oversampling or screening)."""
 
     def attach(self, context: OperatorContext) -> None:
         ...
@@ -191,6 +241,22 @@ class Evaluator(Protocol):
 
     def close(self) -> None:
         ...
+
+
+@runtime_checkable
+class Retimes(Protocol):
+    """An evaluator that can re-time finalists against the baseline, interleaved with many repetitions (GPU): one
+    record per candidate (status, per-case medians and IQRs of both, speedup)."""
+
+    def retime(self, candidates: Sequence[Candidate]) -> list[dict[str, Any]]:
+        ...
+
+
+@runtime_checkable
+class RecordedSpace(Protocol):
+    """An evaluator that answers only within a space of its own (a replay: what its recording covers)."""
+
+    space: GeneSpace
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,13 @@ from ..kernels import table as op_table
 from .evaluate import render
 from . import build, config as config_mod
 from .config import ConfigError, RunConfig
-from .history import History, Record
+from .history import History, Record, cases_key
 from .loop import evolve
 from .lessons import to_markdown
 from . import credit
-from .observers import journal
-from .protocols import Evaluator, EvaluatorInfo, RunInfo, RunSummary
+from .evaluate import render
+from . import journal
+from .protocols import Evaluator, EvaluatorInfo, RecordedSpace, Retimes, RunInfo, RunSummary
 from .types import Candidate, EvalResult
 from .variation import Proposer
 
@@ -41,9 +42,9 @@ class JournalCache:
     def __init__(self, inner: Evaluator, known: dict[str, EvalResult]):
         self.inner, self.known = inner, known
         self.info: EvaluatorInfo = inner.info
-        if hasattr(inner, "space"):
+        if isinstance(inner, RecordedSpace):   # the cache offers what the evaluator it wraps offers
             self.space = inner.space
-        if hasattr(inner, "retime"):
+        if isinstance(inner, Retimes):
             self.retime = inner.retime
 
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
@@ -61,7 +62,7 @@ def _prior(cfg: RunConfig, run: build.Run, gpu: str, key: str, run_id: str) -> l
     wanted = s.policy == "bandit" or s.lessons or s.surrogate.enabled or s.warm_start.enabled
     if "mlflow" not in cfg.observers or not wanted:
         return []
-    from .observers.mlflow_store import load_prior
+    from .prior import load_prior   # imports mlflow: only when earlier runs are read
     return load_prior(cfg.tracking.store, cfg.tracking.experiment or run.problem.name, run.problem.space, gpu, key,
                       run_id)
 
@@ -72,12 +73,9 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     run_id = run_id or new_run_id(run.problem.name)
     folder = Path(cfg.out_dir) / run_id
     evaluator = build.make_evaluator(run, kind)
-    from .observers.mlflow_store import cases_key
     key = cases_key(run.problem.name, run.cases, run.baseline)
     if resume:
-        known = {r["candidate"]["id"]: EvalResult.from_json(r["result"])
-                 for r in journal.read(folder / "journal.jsonl") if r["event"] == "result"}
-        evaluator = JournalCache(evaluator, known)
+        evaluator = JournalCache(evaluator, journal.read(folder / journal.NAME).known())
         prior = [Record.from_json(json.loads(line)) for line in (folder / PRIOR_FILE).read_text().splitlines()]
     else:
         prior = _prior(cfg, run, evaluator.info.fingerprint.get("gpu", ""), key, run_id)
@@ -86,7 +84,8 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     history = History(prior)
     seeds = [r.genome for r in history.best(cfg.search.warm_start.count)] if cfg.search.warm_start.enabled else []
     # A replay searches what its recording covers; the config may narrow either.
-    space = build.restrict_space(getattr(evaluator, "space", run.problem.space), cfg.search.space)
+    space = build.restrict_space(evaluator.space if isinstance(evaluator, RecordedSpace) else run.problem.space,
+                                 cfg.search.space)
     seeds += table_seeds(cfg.search.seeds_from, run.problem, space)
     observers = build.make_observers(run)
     resolved = replace(cfg, dtypes=tuple(sorted({c.dtype for c in run.cases})),
@@ -136,10 +135,9 @@ def table_seeds(path: str | None, problem, space) -> list:
 
 def resume(run_id: str, out_dir: str = "runs") -> RunSummary:
     """Continue a killed run from its journal (same config, seed and snapshot of earlier runs)."""
-    path = Path(out_dir) / run_id / "journal.jsonl"
+    path = Path(out_dir) / run_id / journal.NAME
     if not path.is_file():
-        runs = sorted(p.parent.name for p in Path(out_dir).glob("*/journal.jsonl"))
+        runs = sorted(p.parent.name for p in Path(out_dir).glob(f"*/{journal.NAME}"))
         raise ConfigError(f"no journal for run {run_id!r} under {out_dir}/; runs there: {', '.join(runs) or 'none'}")
-    start = journal.read(path)[0]
-    cfg = config_mod.parse(start["config"])
+    cfg = config_mod.parse(journal.read(path).config)
     return execute(cfg, run_id, resume=True)

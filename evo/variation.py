@@ -5,15 +5,17 @@ the evaluator."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterator, Mapping, Sequence
 
 from . import credit, lessons
+from .evaluate import render
 from .config import SearchConfig
 from .history import History
-from .protocols import ContextOperator, Operator, OperatorContext, Problem, RepairOperator
+from .protocols import ContextOperator, MaybeUnavailable, Operator, OperatorContext, Problem, RepairOperator
 from .surrogate import Surrogate, screen
 from .types import Candidate, EvalResult, GeneSpace, Genome
 
@@ -145,13 +147,13 @@ class Proposer:
         return made + children
 
     def _available(self) -> list[Operator]:
-        return [op for op in self.operators if not getattr(op, "unavailable", None)]
+        return [op for op in self.operators if not (isinstance(op, MaybeUnavailable) and op.unavailable)]
 
     def _attach(self, generation: int) -> None:
         if not self.contextual:
             return
         context = OperatorContext(self.problem, MappingProxyType(self.results), self.lessons_md, self.fingerprint,
-                                  generation, self.shared)
+                                  generation, functools.partial(render.render, self.problem), self.shared)
         for op in self.contextual:
             op.attach(context)
 

@@ -6,8 +6,8 @@ import json
 import random
 from typing import Any, Mapping, Sequence
 
-from ..evo.evaluate import render
 from ..evo.protocols import OperatorContext
+from ..evo.regions import regions
 from ..evo.types import Candidate, GeneSpace, Genome, Status
 from . import llm_edits, llm_prompts
 from .llm_agents import USAGE_NOTE, AgentPool, Ledger, outcomes
@@ -80,7 +80,7 @@ class LlmOperator:
             message = f"{reply.agent} ({reply.model}): {reply.error}"
             return failed(parent, Status.LLM_ERROR, message, notes, LLM_ERROR, message, rng)
         notes["llm/reply.md"] = reply.text
-        current = render.regions(self.context.problem.template()) | parent.genome.patch_dict
+        current = regions(self.context.problem.template()) | parent.genome.patch_dict
         try:
             edit = llm_edits.parse(reply.text)
             new = llm_edits.apply(edit, current)

@@ -7,8 +7,8 @@ import string
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..evo.evaluate import render
 from ..evo.protocols import OperatorContext
+from ..evo.regions import regions
 from ..evo.types import Candidate, Case, EvalResult, Status
 from . import llm_edits
 
@@ -34,7 +34,7 @@ def dtype_of(context: OperatorContext, result: EvalResult | None) -> str:
 
 
 def source(context: OperatorContext, candidate: Candidate, result: EvalResult | None) -> str:
-    return clip(render.render(context.problem, candidate, dtype_of(context, result)), MAX_SOURCE_CHARS)
+    return clip(context.render(candidate, dtype_of(context, result)), MAX_SOURCE_CHARS)
 
 
 def genes(context: OperatorContext, candidate: Candidate) -> str:
@@ -87,7 +87,7 @@ def _line(c: Candidate, r: EvalResult) -> str:
 def common(context: OperatorContext, candidate: Candidate, result: EvalResult | None) -> dict[str, str]:
     """The fields both prompts share."""
     return {"problem": context.problem.name, "description": context.problem.description,
-            "regions": ", ".join(render.regions(context.problem.template())), "genes": genes(context, candidate),
+            "regions": ", ".join(regions(context.problem.template())), "genes": genes(context, candidate),
             "source": source(context, candidate, result), "format": llm_edits.FORMAT}
 
 

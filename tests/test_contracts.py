@@ -87,3 +87,21 @@ def test_gene_mutation_keeps_the_patch(rmsnorm):
     parent = Genome.of(rmsnorm.space.defaults(), {"reduce": "// patched\n"})
     child = op.vary([parent], rmsnorm.space, random.Random(0))
     assert child.patch_dict == parent.patch_dict and child.gene_dict != parent.gene_dict
+
+
+def test_optional_capabilities_are_protocols_the_plugins_satisfy():
+    """The engine asks isinstance(plugin, Capability); a renamed or half-declared member must not silently turn a
+    capability off, so the built-ins are held to the ones they offer."""
+    from kernel_factory.evo.protocols import (DeclaresDeterminism, ExpectedSass, MaybeUnavailable, PublishedPeers,
+                                              RowReference, SpecialInputs)
+    fwd, bwd = registry.load("problem", "rmsnorm_fwd"), registry.load("problem", "rmsnorm_bwd")
+    for prob in (fwd, bwd):
+        assert isinstance(prob, PublishedPeers) and set(prob.peers) <= set(prob.baselines)
+        assert isinstance(prob, SpecialInputs) and isinstance(prob, ExpectedSass)
+        assert not isinstance(prob, DeclaresDeterminism)     # neither opts out of the repeated-launch check
+    assert isinstance(bwd, RowReference) and not isinstance(fwd, RowReference)
+    assert set(bwd.row_outputs) < set(bwd.reference(bwd.make_inputs(Case((64, 256), "float32"), 3, "cpu")))
+    for name in OPERATORS:   # an LLM operator built with no agents is out of service, and says so
+        op = registry.load("operator", name)()
+        assert isinstance(op, MaybeUnavailable) == name.startswith("llm_"), name
+        assert not isinstance(op, MaybeUnavailable) or op.unavailable

@@ -37,7 +37,8 @@ def write_journal(folder, run_id: str, kind: str, rows: list[dict], finalists=()
     start = {"event": "start", "run_id": run_id, "problem": problem, "seed": 0, "config": {},
              "evaluator": {"kind": kind, "label": f"{kind} test", "fingerprint": {"gpu": "NVIDIA H200"}},
              "cases": BENCH}
-    end = {"event": "end", "generations": 1, "evaluations": len(rows), "finalists": list(finalists)}
+    end = {"event": "end", "generations": 1, "evaluations": len(rows), "stop_reason": "generations", "wall_s": 1.0,
+           "gpu_s": 1.0, "best": None, "finalists": list(finalists)}
     path.write_text("".join(json.dumps(r) + "\n" for r in [start, *rows, end]))
     return path
 

@@ -1,5 +1,6 @@
 """The LLM operators against a real HTTP server with scripted replies: each reply ends as the right child (applied,
 invalid_patch, llm_error, or handed to the evaluator's static check), retries, budget, agent shares, repair."""
+import functools
 import json
 import random
 
@@ -7,6 +8,7 @@ import pytest
 
 from llm_server import ScriptedServer
 
+from kernel_factory.evo.regions import regions as regions_of
 from kernel_factory.evo.config import SearchConfig
 from kernel_factory.evo.evaluate import render
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
@@ -77,7 +79,8 @@ def agent(server, name="local", **extra):
 
 def context(problem, results=(), generation=1):
     return OperatorContext(problem, {c.id: (c, r) for c, r in results}, "# Lessons\n- forbid load=plain\n",
-                           {"gpu": "TEST GPU", "copy_gbps": "4200", "baseline": "torch_eager"}, generation, {})
+                           {"gpu": "TEST GPU", "copy_gbps": "4200", "baseline": "torch_eager"}, generation,
+                           functools.partial(render.render, problem), {})
 
 
 def parent_of(problem):
@@ -221,7 +224,7 @@ def test_proposer_repairs_a_failed_patched_child_within_bounds(rmsnorm, serve, t
                         SearchConfig(policy="static", lessons=False), rmsnorm, {"gpu": "TEST"})
     parent, presult = parent_of(rmsnorm)
     edit = llm_edits.parse(BROKEN)
-    body = llm_edits.apply(edit, render.regions(rmsnorm.template()))
+    body = llm_edits.apply(edit, regions_of(rmsnorm.template()))
     broken = Candidate(Genome.of(parent.genome.gene_dict, {"reduce": body}), (parent.id,), "llm_rewrite", 1)
     error = compile_error_of(rmsnorm, broken.genome, tmp_path)
     assert error and 'expected a ";"' in error

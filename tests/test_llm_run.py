@@ -12,7 +12,7 @@ from llm_server import ScriptedServer
 from test_llm_operators import BROKEN, FIXED, GARBAGE, HOST, MISMATCH
 
 from kernel_factory.evo import config
-from kernel_factory.evo.observers import journal
+from kernel_factory.evo import journal
 from kernel_factory.evo.run import execute
 
 KEY = "sk-test-4f1c9a7e-never-log-me"
@@ -59,7 +59,7 @@ def test_llm_run_records_every_outcome_lineage_and_never_the_key(replay_config, 
     cfg = llm_config(replay_config, server)
     summary = execute(cfg)
     assert summary.stop_reason == "generations"
-    records = journal.read(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
+    records = journal.records(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
     results = [r for r in records if r["event"] == "result"]
     by_op = {}
     for r in results:
@@ -111,6 +111,6 @@ def test_without_a_usable_endpoint_the_llm_operators_are_disabled_in_one_line(re
     assert len(lines) == 1 and "llm_rewrite" in lines[0] and "llm_repair" in lines[0]
     assert "KF_TEST_UNSET_KEY is unset" in lines[0] and "gene_mutation" in lines[0]
     assert not server.requests
-    records = journal.read(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
+    records = journal.records(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
     assert not [r for r in records if r["event"] == "result" and r["candidate"]["operator"].startswith("llm")]
     assert json.dumps(records[0]["config"]).count("KF_TEST_UNSET_KEY") == 2   # the variable's name, never a key

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from kernel_factory.evo.regions import regions as regions_of
 from kernel_factory.evo.evaluate import render
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
 from kernel_factory.evo.types import Candidate, Genome
@@ -15,7 +16,7 @@ SCRIPT = json.loads((Path(__file__).parent / "llm_scripts" / "h200.json").read_t
 
 def patched(problem, reply: str, genes: dict) -> Genome:
     edit = llm_edits.parse(reply)
-    new = llm_edits.apply(edit, render.regions(problem.template()))
+    new = llm_edits.apply(edit, regions_of(problem.template()))
     return Genome.of(genes, {edit.region: new})
 
 

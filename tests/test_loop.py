@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from kernel_factory.evo.regions import regions as regions_of
 from kernel_factory.evo import config
-from kernel_factory.evo.observers import journal
+from kernel_factory.evo import journal
 from kernel_factory.evo.run import execute
 from kernel_factory.evo.types import Status
 
@@ -16,7 +17,7 @@ def run(cfg_dict, *overrides, observers=("journal",)):
 
 
 def journal_of(cfg, summary):
-    return journal.read(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
+    return journal.records(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
 
 
 def test_replay_run_improves_and_records_everything(replay_config):
@@ -88,7 +89,7 @@ def test_patched_genome_is_not_recorded_under_replay(replay_config, rmsnorm):
     ev = build.make_evaluator(prepared, "replay")
     plain = Candidate(Genome.of(rmsnorm.space.defaults()))
     # a patch that compiles to another binary (an identical one would be replayed; see test_patched_replay.py)
-    second = render.regions(rmsnorm.template())["second_pass"].replace("rstd);", "rstd * 1.0001f);")
+    second = regions_of(rmsnorm.template())["second_pass"].replace("rstd);", "rstd * 1.0001f);")
     patched = Candidate(Genome.of(rmsnorm.space.defaults(), {"second_pass": second}))
     r_plain, r_patched = ev.evaluate([plain, patched])
     assert r_plain.status is Status.OK and r_plain.fitness > 0 and r_plain.evaluator == "replay"

@@ -2,6 +2,7 @@
 the kernel, and the GPU evaluator's screen and dedupe with its worker replaced (the GPU itself cannot run here)."""
 import pytest
 
+from kernel_factory.evo.regions import regions as regions_of
 from kernel_factory.evo.evaluate import binary, gpu, render
 from kernel_factory.evo.evaluate.compile import CompileJob, compile_one
 from kernel_factory.evo.evaluate.replay import ReplayEvaluator
@@ -22,7 +23,7 @@ def cubin(problem, genome: Genome, dtype: str = "bfloat16", name: str = "a.cu") 
 
 
 def edits(problem) -> dict[str, dict[str, str]]:
-    regions = render.regions(problem.template())
+    regions = regions_of(problem.template())
     return {
         "comment": {"reduce": "// a comment the compiler never sees\n" + regions["reduce"]},
         "whitespace": {"second_pass": "\n\n   " + regions["second_pass"].replace("\n", "\n\n")},

@@ -1,6 +1,7 @@
 """Rendering: gene #defines, a header naming the candidate, and patches confined to editable regions."""
 import pytest
 
+from kernel_factory.evo.regions import regions as regions_of
 from kernel_factory.evo.evaluate import render
 from kernel_factory.evo.types import Candidate, Genome
 
@@ -17,7 +18,7 @@ tail
 
 
 def test_regions_are_found():
-    assert render.regions(T) == {"one": "old one\n", "two": "old two\n"}
+    assert regions_of(T) == {"one": "old one\n", "two": "old two\n"}
 
 
 def test_patch_replaces_only_its_region():
@@ -42,7 +43,7 @@ def test_render_has_header_defines_and_template(rmsnorm):
 
 
 def test_template_regions_exist(rmsnorm):
-    assert {"load_store", "reduce", "first_pass", "second_pass"} <= set(render.regions(rmsnorm.template()))
+    assert {"load_store", "reduce", "first_pass", "second_pass"} <= set(regions_of(rmsnorm.template()))
 
 
 def test_templates_inline_their_local_headers(tmp_path, monkeypatch):

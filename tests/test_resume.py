@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from kernel_factory.evo.observers import journal
+from kernel_factory.evo import journal
 
 CLI = [sys.executable, "-m", "kernel_factory.evo.tools.cli"]
 KILLS = 10
@@ -30,7 +30,7 @@ def write_config(folder: Path, recording: Path) -> Path:
 
 
 def final_state(folder: Path, run_id: str) -> dict:
-    records = journal.read(folder / "runs" / run_id / "journal.jsonl")
+    records = journal.records(folder / "runs" / run_id / "journal.jsonl")
     results = [r["candidate"]["id"] for r in records if r["event"] == "result"]
     gens = {r["generation"]: r for r in records if r["event"] == "generation"}
     end = [r for r in records if r["event"] == "end"][-1]
@@ -88,7 +88,7 @@ def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, synthetic_reco
     n_parents, kids = mlflow_state(killed_dir, run_id)
     assert n_parents == 1
     assert sorted(kids) == sorted(want["results"]), "MLflow must hold each journaled candidate exactly once"
-    records = journal.read(killed_dir / "runs" / run_id / "journal.jsonl")
+    records = journal.records(killed_dir / "runs" / run_id / "journal.jsonl")
     assert sum(r["event"] == "resume" for r in records) >= 1
     json.dumps(records)   # the journal stays plain JSON throughout
 
@@ -102,14 +102,14 @@ def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recor
     proc = subprocess.Popen([*CLI, "run", str(cfg), "--run-id", run_id], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not (path.is_file() and sum(r["event"] == "result" for r in journal.read(path)) >= 3):
+    while not (path.is_file() and sum(r["event"] == "result" for r in journal.records(path)) >= 3):
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
-    end = journal.read(path)[-1]
+    end = journal.records(path)[-1]
     assert end["event"] == "end" and end["stop_reason"] == "interrupted"
     from mlflow.tracking import MlflowClient
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
@@ -120,7 +120,7 @@ def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recor
     done = subprocess.run([*CLI, "resume", run_id, "--runs", str(tmp_path / "runs")], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    records = journal.read(path)
+    records = journal.records(path)
     results = [r["candidate"]["id"] for r in records if r["event"] == "result"]
     assert len(results) == len(set(results)), "a candidate was evaluated twice"
     assert records[-1]["event"] == "end" and records[-1]["stop_reason"] != "interrupted"

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from kernel_factory.evo.regions import regions as regions_of
 from kernel_factory.evo.evaluate import render
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
 from kernel_factory.evo.types import Candidate, Case, Genome
@@ -188,7 +189,7 @@ def test_persistent_ctas_fit_on_a_random_sample(tmp_path):
 
 
 def test_template_has_the_new_editable_regions():
-    regions = render.regions(rf.problem.template())
+    regions = regions_of(rf.problem.template())
     assert {"stage_copy", "cluster_reduce", "staged_row", "first_pass", "second_pass"} <= set(regions)
 
 

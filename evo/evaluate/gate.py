@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from . import measure
-from ..protocols import Problem
+from ..protocols import DeclaresDeterminism, Problem, SpecialInputs
 from ..types import Case
 
 GUARD_BYTES = 4096   # canary bytes before and after every output buffer (a multiple of every vector width)
@@ -129,15 +129,14 @@ class Gate:
                                 poisoned=False)
             if bad:
                 return bad
-        if getattr(p, "deterministic", True):
+        if not isinstance(p, DeclaresDeterminism) or p.deterministic:
             first = {k: v.clone() for k, v in guarded.views.items()}
             bad = self.run_once(case, inputs, guarded, f"seed {seed_b}, repeated")
             bad = bad or bitwise_equal(guarded.views, first, [k for k in first if k in self.checked])
             if bad:
                 return f"{case.key}: {bad}" if not bad.startswith(case.key) else bad
-        special = getattr(p, "special_inputs", None)
-        if special is not None:
-            refill(inputs, special(case, seed_c, self.device))
+        if isinstance(p, SpecialInputs):
+            refill(inputs, p.special_inputs(case, seed_c, self.device))
             return self.run_once(case, inputs, guarded, f"special rows (seed {seed_c})")
         return None
 

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from ..config import ConfigError
 from . import binary, render, sass, static_check, worker
 from .compile import CompileJob, Compiler, CompileOutput
-from ..protocols import EvaluatorInfo, Problem
+from ..protocols import EvaluatorInfo, ExpectedSass, Problem
 from ..types import BuildInfo, Candidate, Case, EvalResult, Genome, Status, geomean_speedup
 
 ROOFLINE_GBPS = 3000.0     # a deliberately low bandwidth, so that the deadline never cuts a merely slow kernel
@@ -126,7 +126,7 @@ class GpuEvaluator:
         self.compiler = Compiler(Path(out_dir) / "cache", compile_workers)
         self.timeout_floor_s = timeout_floor_s
         self.max_reps, self.finalist_reps = max_reps, finalist_reps
-        self.want_sass = callable(getattr(problem, "expected_sass", None))
+        self.want_sass = isinstance(problem, ExpectedSass)
         known_good = self.known_good()
         self.worker = WorkerHandle({
             "op": "setup", "problem": problem.name, "baseline": baseline, "check_seeds": check_seeds,

@@ -28,7 +28,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
-from . import render
+from ..regions import REGION, PatchError, apply_patch
 from ..types import Candidate, EvalResult, Status
 
 MAX_REGION_BYTES = 16 * 1024          # the template's largest region is under 3 KB
@@ -73,7 +73,7 @@ def screen(template: str, patch: Mapping[str, str]) -> tuple[Status, str] | None
         return None
     try:
         reason = check(template, patch)
-    except render.PatchError as exc:
+    except PatchError as exc:
         return Status.INVALID_PATCH, str(exc)
     return (Status.REJECTED, f"static check: {reason}") if reason else None
 
@@ -90,11 +90,11 @@ def refusals(template: str, candidates: Sequence[Candidate], evaluator: str) -> 
 
 def check(template: str, patch: Mapping[str, str]) -> str | None:
     """None if the patch is safe to compile, else one line naming what was found and where (region, line).
-    A region the template does not have raises render.PatchError: that is invalid_patch, not rejected."""
-    render.apply_patch(template, dict(patch))
+    A region the template does not have raises PatchError: that is invalid_patch, not rejected."""
+    apply_patch(template, dict(patch))
     allowed = {m.group(1) for m in re.finditer(r"^\s*#\s*include\s*([<\"][^>\"]+[>\"])", _fixed(template), re.M)}
     for name, body in sorted(patch.items()):
-        outside = render.apply_patch(template, {**patch, name: ""})
+        outside = apply_patch(template, {**patch, name: ""})
         try:
             _check_region(body, allowed, set(re.findall(r"[A-Za-z_]\w*", outside)))
         except Reject as exc:
@@ -104,7 +104,7 @@ def check(template: str, patch: Mapping[str, str]) -> str | None:
 
 def _fixed(template: str) -> str:
     """The template without its editable region bodies: the text no patch may change."""
-    return render.REGION.sub(lambda m: m.group(0).split("\n", 1)[0], template)
+    return REGION.sub(lambda m: m.group(0).split("\n", 1)[0], template)
 
 
 def _check_region(body: str, includes: set[str], outside_names: set[str]) -> None:

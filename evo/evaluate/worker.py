@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from .. import registry
 from . import gate, launcher, measure
-from ..protocols import Launch, Problem
+from ..protocols import Launch, Problem, RowReference
 from ..types import Case, Status
 
 # CUDA errors after which the context cannot be trusted (CUDA's "sticky" errors).
@@ -138,7 +138,7 @@ class Bench:
         m = case.shape[0]
         rows = sorted(set(random.Random(case.key).sample(range(m), min(m, BENCH_SAMPLE_ROWS)) + [0, m - 1]))
         idx = torch.tensor(rows, device="cuda")
-        if hasattr(p, "reference_rows"):
+        if isinstance(p, RowReference):
             ref, by_rows = p.reference_rows(inputs, idx), set(p.row_outputs)
         else:
             pick = {k: (v.index_select(0, idx) if getattr(v, "dim", lambda: 0)() > 1 and v.shape[0] == m else v)

@@ -22,7 +22,7 @@ from matplotlib.colors import LinearSegmentedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from . import journal
+from .. import journal
 from ..types import Candidate, EvalResult, GeneValue
 
 EXTERNAL = "external"   # the status of a parent that this run did not evaluate (e.g. a seed from an earlier run)
@@ -61,14 +61,8 @@ def build(results: Iterable[tuple[Candidate, EvalResult]], run_id: str = "", bes
 def from_journal(path: str | Path) -> nx.DiGraph:
     """The lineage of the run whose journal (runs/<run id>/journal.jsonl) is at `path`, with the run's best as
     its journal last named it (a killed run has no end record, but each generation names its best)."""
-    records = journal.read(path)
-    run_id = next((r["run_id"] for r in records if r["event"] == "start"), "")
-    best_id = None
-    for record in records:
-        if record["event"] in ("generation", "end"):
-            best_id = record.get("best_id") or record.get("best") or best_id
-    return build(((Candidate.from_json(r["candidate"]), EvalResult.from_json(r["result"]))
-                  for r in records if r["event"] == "result"), run_id, best_id)
+    run = journal.read(path)
+    return build(run.pairs(), run.run_id, run.latest_best())
 
 
 def best(graph: nx.DiGraph) -> str | None:

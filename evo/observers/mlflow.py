@@ -1,5 +1,6 @@
 """MLflow tracking of evolutionary runs (a parent run per run, a child run per candidate), written from a background
-thread so that the loop never waits on SQLite; the only module of the project that imports mlflow."""
+thread so that the loop never waits on SQLite. Only this module and the history reader (evo/prior.py, which also
+opens the store for it) import mlflow."""
 from __future__ import annotations
 
 import functools
@@ -18,11 +19,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from . import lineage
 from ..config import RunConfig
 from ..evaluate import render
+from ..prior import open_store, search_all   # before mlflow: prior sets MLflow's environment defaults
 from ..protocols import GenerationStats, Problem, RunInfo, RunSummary
 from ..types import Candidate, EvalResult, Status
-
-# MLflow reads this when it loads; a user's own setting wins.
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
@@ -60,29 +59,6 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/ ]")
 def safe_key(text: str) -> str:
     """A metric/param/tag name MLflow accepts on every platform: unsafe characters become '_'."""
     return _UNSAFE.sub("_", text)[:MAX_KEY]
-
-
-def open_store(store: str | os.PathLike[str]) -> tuple[MlflowClient, str]:
-    """A client on the SQLite store at `store` (relative paths from the CWD) and its tracking URI."""
-    path = Path(store).resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        _create_store(path)
-    uri = f"sqlite:///{path}"   # the path is absolute, so the URI has four slashes
-    return MlflowClient(tracking_uri=uri), uri
-
-
-def _create_store(path: Path) -> None:
-    """Build a new store's schema in a temporary file and move it into place: MLflow's migrations are not atomic,
-    and a run killed during them (seen with kill -9) leaves a store that no later run can open."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.init")
-    MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
-    try:
-        os.link(tmp, path)     # fails if another process created the store meanwhile; theirs is complete too
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
 
 
 def ui_command(store: str | os.PathLike[str], artifacts: str | os.PathLike[str], host: str = "127.0.0.1",
@@ -293,7 +269,6 @@ class MlflowObserver:
     def _reattach(self) -> bool:
         """Continue this run id's parent run if the store has one (resume): keep its finished children and drop
         half-written ones (a kill can land between create_run and set_terminated); the journal re-sends those."""
-        from .mlflow_store import search_all
         found = search_all(self.client, self.experiment_id, f"tags.`kf.run_id` = '{self.run.run_id}' "
                                                             "and tags.`kf.kind` = 'evolution'")
         if not found:

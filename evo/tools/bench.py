@@ -23,11 +23,17 @@ from ..build import shapes_of
 from ..config import ConfigError
 from ..evaluate import gate, launcher, measure, render
 from ..evaluate.compile import CompileJob, Compiler
-from ..protocols import MissingBaseline, Problem
+from ..protocols import MissingBaseline, Problem, PublishedPeers
 from ..types import Candidate, Case, Genome, GeneValue
 
 SUBJECT = "factory"
 COPY = "copy"   # a device copy moving the row's bytes, timed with the providers: the row's own roofline
+
+
+def peer_set(result: Mapping[str, Any]) -> list[str]:
+    """The baselines that define the best peer in a bench result: the problem's published peers that were benched
+    (run() records them), else every baseline."""
+    return list(result.get("peers") or result["baselines"])
 
 
 @dataclass(frozen=True)
@@ -229,7 +235,8 @@ def check_baselines(problem: Problem, baselines: Sequence[str] | None, subject_i
 def published_peers(problem: Problem, baselines: Sequence[str]) -> list[str]:
     """Those of the baselines that the problem names as its published peers (`peers`, the kernels its targets are
     set against); every baseline when it names none or none of them was benched."""
-    return [b for b in getattr(problem, "peers", ()) if b in baselines] or list(baselines)
+    peers = problem.peers if isinstance(problem, PublishedPeers) else ()
+    return [b for b in peers if b in baselines] or list(baselines)
 
 
 def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:
@@ -263,16 +270,15 @@ def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:
 
 
 def run_best_genes(spec: str, problem: Problem) -> Mapping[str, GeneValue]:
-    from ..observers import journal
-    path = Path(spec) if Path(spec).is_file() else Path("runs") / spec / "journal.jsonl"
+    from .. import journal
+    path = Path(spec) if Path(spec).is_file() else Path("runs") / spec / journal.NAME
     if not path.is_file():
         raise ConfigError(f"--run {spec!r}: no journal at {path}")
-    records = journal.read(path)
-    end = [r for r in records if r["event"] == "end"]
-    best = end[-1]["best"] if end else None
-    for r in records:
-        if r["event"] == "result" and r["candidate"]["id"] == best:
-            genome = Genome.from_json(r["candidate"]["genome"])
+    run = journal.read(path)
+    best = run.end.best if run.end else None
+    for cand, _ in run.pairs():
+        if cand.id == best:
+            genome = cand.genome
             if genome.patch:
                 raise ConfigError(f"--run {spec!r}: its best candidate carries a code patch; bench takes genes only")
             return {**problem.space.defaults(), **genome.gene_dict}

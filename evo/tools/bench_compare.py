@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import bench_report
-from .bench import SUBJECT
+from .bench import SUBJECT, peer_set
 
 # Between two H200 benches of the same backward kernels (runs/evidence/h200-2026-12-01/bench/call5-bwd-previous-table
 # and bwd), rows from 1024 up moved by at most 1.4%. Small rows move more, and their IQRs say so: the bar for a row
@@ -22,7 +21,7 @@ def timed_rows(result: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, Map
     """(problem, case) -> {ours and each published peer timed there: its provider entry}, where ours was timed."""
     out = {}
     for part in parts(result):
-        peers = bench_report.peer_set(part)
+        peers = peer_set(part)
         for row in part["rows"]:
             timed = {n: p for n, p in row["providers"].items() if "us" in p and (n == SUBJECT or n in peers)}
             if SUBJECT in timed:

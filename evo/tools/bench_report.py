@@ -10,7 +10,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .bench import COPY, SUBJECT
+from . import bench_compare
+from .bench import COPY, SUBJECT, peer_set
 
 FINGERPRINT_KEYS = ("gpu", "sm_count", "driver", "cuda_driver_api", "cuda_runtime", "nvrtc", "torch",
                     "pkg.triton", "pkg.quack-kernels", "pkg.liger-kernel", "pkg.nvidia-cutlass-dsl", "clocks_before",
@@ -40,12 +41,6 @@ def repeat_spread(row: Mapping[str, Any]) -> float | None:
     if "us" not in s or not s.get("repeat_us"):
         return None
     return max(abs(r - s["us"]) / s["us"] * 100 for r in s["repeat_us"])
-
-
-def peer_set(result: Mapping[str, Any]) -> list[str]:
-    """The baselines that define the best peer: the problem's published peers that were benched (bench.py records
-    them), else every baseline."""
-    return list(result.get("peers") or result["baselines"])
 
 
 def worst_first(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -125,7 +120,6 @@ def markdown(result: Mapping[str, Any]) -> str:
     if errors:
         lines += ["", "Providers without a time:"] + [f"- {c} {n}: {e[:160]}" for c, n, e in errors]
     if result.get("compared"):
-        from . import bench_compare# it reads ratios with this module's helpers
         lines += bench_compare.section(result["compared"])
     return "\n".join(lines) + "\n"
 

@@ -23,9 +23,10 @@ from ..loop import evolve
 from ..evaluate.replay import ReplayEvaluator
 from ..history import History, Record
 from ..protocols import GenerationStats, RunInfo, RunSummary
-from ..types import Candidate, EvalResult, GeneSpace, Genome
+from ..types import Candidate, EvalResult
 from ..variation import Proposer
 from .efficiency_kt import KT_GA_DEFAULTS, kt_space_size, kt_trial, write_kt_cache
+from .landscape import Landscape
 
 PROBLEM = "rmsnorm_fwd"
 TARGET = 0.99                 # a hit: fitness >= 99% of the space's optimum
@@ -46,20 +47,6 @@ LOOP_VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
 }
 METHODS = ("random", *LOOP_VARIANTS, "kt-ga")
 FULL_BOTH = "loop-full + earlier run"   # a table row: loop-full counted together with the run it starts from
-
-
-@dataclass(frozen=True)
-class Landscape:
-    """The recorded space as the benchmark sees it: every feasible genome and the fitness the replay gives it."""
-
-    space: GeneSpace
-    genomes: Mapping[str, Genome]     # id -> genome, in the recording's order
-    fitness: Mapping[str, float]      # id -> geomean speedup over the baseline
-    label: str                        # the recording, as the replay evaluator names it
-    device: str
-    kernel_name: str
-    optimum: float                    # the best fitness in the space
-    target: float                     # a hit: fitness >= this
 
 
 @dataclass(frozen=True)

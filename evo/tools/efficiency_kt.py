@@ -7,14 +7,12 @@ import json
 import random
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ..types import GeneSpace, GeneValue
-
-if TYPE_CHECKING:
-    from .efficiency import Landscape
+from .landscape import Landscape
 
 KT_GA_DEFAULTS = "popsize 26, maxiter 90, single_point crossover, mutation_chance 55, constraint_aware True"
 

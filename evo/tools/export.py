@@ -26,7 +26,7 @@ from .. import registry
 from . import dispatch
 from ..config import ConfigError
 from ..evaluate import recording, render
-from ..observers import journal
+from .. import journal
 from ..protocols import Problem
 from ..types import Case, Genome, Status
 
@@ -86,14 +86,14 @@ def problem_plugin(name: str) -> Problem:
 def resolve(spec: str, runs_dir: str | Path) -> Path:
     """The file behind a source argument: a run id under runs_dir, a run folder, a journal or a recording."""
     path = Path(spec)
-    if path.is_dir() and (path / "journal.jsonl").is_file():
-        return path / "journal.jsonl"
+    if path.is_dir() and (path / journal.NAME).is_file():
+        return path / journal.NAME
     if path.is_file():
         return path
-    under = Path(runs_dir) / spec / "journal.jsonl"
+    under = Path(runs_dir) / spec / journal.NAME
     if under.is_file():
         return under
-    runs = sorted(p.parent.name for p in Path(runs_dir).glob("*/journal.jsonl"))
+    runs = sorted(p.parent.name for p in Path(runs_dir).glob(f"*/{journal.NAME}"))
     raise ExportError(f"no run or recording {spec!r}: not a run folder, journal or recording file, and no "
                       f"{under}; runs under {runs_dir}/: {', '.join(runs) or 'none'}")
 
@@ -135,30 +135,27 @@ def _check_problem(path: Path, name: str, problem: Problem) -> None:
 
 
 def _from_journal(path: Path, problem: Problem) -> tuple[Source, list]:
-    records = journal.read(path)
-    start = records[0]
-    _check_problem(path, start.get("problem", "?"), problem)
-    ev = start.get("evaluator", {})
-    source = Source(str(path), start["run_id"], ev.get("kind", "?"), ev.get("fingerprint", {}).get("gpu", "?"),
-                    ev.get("label", ""))
-    finalists = {f["candidate_id"]: f for r in records if r.get("event") == "end" for f in r.get("finalists", [])}
+    run = journal.read(path)
+    _check_problem(path, run.start.problem, problem)
+    ev = run.start.evaluator
+    source = Source(str(path), run.run_id, ev.kind, ev.fingerprint.get("gpu", "?"), ev.label)
+    finalists = run.finalists()
     rows = []
-    for rec in records:
-        if rec.get("event") != "result" or rec["result"]["status"] != Status.OK.value:
+    for cand, result in run.pairs():
+        if result.status != Status.OK:
             continue
-        cid, genome, result = rec["candidate"]["id"], rec["candidate"]["genome"], rec["result"]
-        times, notes = dict(result["times_us"]), {"timing": "search"}
-        final = finalists.get(cid)
-        if final is not None and final.get("status") != Status.OK.value:
-            notes["skip"] = f"finalist re-timing failed ({final.get('status')})"
+        times, notes = dict(result.times_us), {"timing": "search"}
+        final = finalists.get(cand.id)
+        if final is not None and final.status != Status.OK.value:
+            notes["skip"] = f"finalist re-timing failed ({final.status})"
         elif final is not None:
-            times.update(final["times_us"])
-            notes["timing"] = (f"finalist re-time: {final.get('reps', '?')} repetitions per case, interleaved "
+            times.update(final.times_us)
+            notes["timing"] = (f"finalist re-time: {final.reps or '?'} repetitions per case, interleaved "
                                f"with the baseline")
-        if result.get("flags"):
-            notes["flags"] = list(result["flags"])
-        rows.append((cid, genome["genes"], genome.get("patch") or {}, times,
-                     result.get("evaluator") or source.evaluator, notes))
+        if result.flags:
+            notes["flags"] = list(result.flags)
+        rows.append((cand.id, cand.genome.gene_dict, cand.genome.patch_dict, times,
+                     result.evaluator or source.evaluator, notes))
     return source, rows
 
 

@@ -31,7 +31,7 @@ from .. import config
 from . import bench_report, bench_suite, export
 from .bench import COPY, SUBJECT
 from ..config import ConfigError
-from ..observers import journal
+from .. import journal
 from ..protocols import Problem
 
 FORMAT = "kernel-factory-gap/1"
@@ -100,11 +100,11 @@ def journals(folders: Sequence[str | Path]) -> dict[str, Path]:
         for path in sorted(Path(folder).rglob("journal.jsonl*")):
             if path.name not in ("journal.jsonl", "journal.jsonl.gz"):
                 continue
-            records = journal.read(path)
-            if not records or records[0].get("event") != "start":
-                continue
-            n = sum(r.get("event") == "result" for r in records)
-            run_id = records[0]["run_id"]
+            try:
+                run = journal.read(path)
+            except journal.JournalError:
+                continue   # not a run's journal (or not one this version reads): nothing to learn from it
+            n, run_id = len(run.results), run.run_id
             if run_id not in found or n > found[run_id][0]:
                 found[run_id] = (n, path)
     return {run_id: path for run_id, (_, path) in sorted(found.items())}

@@ -1,23 +1,45 @@
-"""Reading the MLflow store back: earlier runs' candidates as history records (for credit, lessons, the surrogate
-and warm start), and what a killed run had already logged (for resume). The writing side is mlflow.py; MLflow is
-imported only in these two modules."""
+"""What earlier runs teach, read back from the MLflow store: their candidates as history records, for credit,
+lessons, the surrogate and warm start (history.py holds the records; this module reads them). It also opens the
+store for the MLflow observer (observers/mlflow.py), which writes it and reads what a killed run had already logged.
+Only these two modules import mlflow."""
 from __future__ import annotations
 
-import hashlib
+import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from ..history import Record
-from .mlflow import open_store
-from ..types import Case, GeneSpace, Status
+from .history import Record
+from .types import GeneSpace, Status
+
+# MLflow reads this when it loads; a user's own setting wins.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from mlflow.tracking import MlflowClient  # noqa: E402
 
 PAGE = 1000
 
 
-def cases_key(problem: str, cases: Sequence[Case], baseline: str) -> str:
-    """Fitness is comparable between runs only over the same cases and baseline: this names that combination."""
-    text = "|".join([problem, baseline, *sorted(c.key for c in cases)])
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+def open_store(store: str | os.PathLike[str]) -> tuple[MlflowClient, str]:
+    """A client on the SQLite store at `store` (relative paths from the CWD) and its tracking URI."""
+    path = Path(store).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        _create_store(path)
+    uri = f"sqlite:///{path}"   # the path is absolute, so the URI has four slashes
+    return MlflowClient(tracking_uri=uri), uri
+
+
+def _create_store(path: Path) -> None:
+    """Build a new store's schema in a temporary file and move it into place: MLflow's migrations are not atomic,
+    and a run killed during them (seen with kill -9) leaves a store that no later run can open."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.init")
+    MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
+    try:
+        os.link(tmp, path)     # fails if another process created the store meanwhile; theirs is complete too
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
 
 
 def search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
