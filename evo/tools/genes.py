@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,8 @@ class HeaderState:
     def fault(self) -> str:
         """What is wrong, in one line, or "" if nothing."""
         if self.path is None:
-            return f"no template includes \"{self.problem}_genes.cuh\""
+            return (f"no template in kernels/ or in an editable source folder includes \"{self.problem}_genes.cuh\" "
+                    "(for a plugin installed as a copy, pass its source folder with --dir)")
         if not self.fresh:
             return f"{self.path} is {'stale' if self.path.is_file() else 'missing'}: run `kernel-factory genes`"
         if self.handwritten:
@@ -48,11 +50,15 @@ def header_path(problem: Problem, folder: Path | None = None) -> Path | None:
     """Where the problem's genes header belongs: beside the .cu/.cuh file that includes it (in `folder`, else in
     kernels/ or the problem module's folder), or None if none does."""
     include = f'#include "{header_name(problem)}"'
-    folders = (folder,) if folder else (templates.HERE, Path(inspect.getfile(type(problem))).resolve().parent)
-    for folder in folders:
-        for source in sorted(folder.glob("*.cu")) + sorted(folder.glob("*.cuh")):
+    installed = Path(sysconfig.get_paths()["purelib"]).resolve()
+    module_folder = Path(inspect.getfile(type(problem))).resolve().parent
+    # A plugin installed as a copy is skipped: its source folder, where the header belongs, is elsewhere (--dir).
+    places = (folder,) if folder else (templates.HERE, *(() if module_folder.is_relative_to(installed) else
+                                                         (module_folder,)))
+    for place in places:
+        for source in sorted(place.glob("*.cu")) + sorted(place.glob("*.cuh")):
             if include in source.read_text():
-                return folder / header_name(problem)
+                return place / header_name(problem)
     return None
 
 
