@@ -2,8 +2,9 @@
 //   dx[r, :] = rstd[r] * (g - xhat * mean(g * xhat))      dw = sum over rows r of dy[r, :] * xhat[r, :]
 // x, dy, dx are (M, N) row-major in DTYPE; w, dw are (N,) fp32; rstd is (M,) fp32 (from the forward pass).
 //
-// A template of the PTX Kernel Factory: it compiles as-is (every gene is a #define with a default; the factory
-// prepends its own), and instruction-level choices are inline PTX. The launch plan runs two kernels in order:
+// A template of the PTX Kernel Factory: it compiles as-is (every gene is a #define with a default, in the generated
+// header below; the factory prepends its own), and instruction-level choices are inline PTX. The launch plan runs
+// two kernels in order:
 //  rmsnorm_bwd     a persistent grid of `slots` CTAs (thread-block clusters of CLUSTER CTAs sharing each row when
 //                  CLUSTER > 1) loops over rows, ROWS_PER_CTA at once, and leaves fp32 dw partials in `partial`:
 //                  one row per slot (per slot and row group where they accumulate in global memory).
@@ -25,72 +26,15 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-// ---- enumerations used by the genes -------------------------------------------------------------------------
-#define DTYPE_BFLOAT16 0
-#define DTYPE_FLOAT16 1
-#define DTYPE_FLOAT32 2
-#define LOAD_PLAIN 0      // ld.global
-#define LOAD_NC 1         // ld.global.nc                   (read-only, non-coherent path)
-#define LOAD_NC_NA 2      // ld.global.nc.L1::no_allocate   (stream past L1)
-#define STORE_PLAIN 0     // st.global
-#define STORE_CS 1        // st.global.cs  (streaming: evict-first)
-#define DW_ACC_REGS 0     // dw partials of the register vectors in registers, the rest where the plan says
-#define DW_ACC_SMEM 1     // every dw partial where the plan says (shared memory, else global memory)
-#define REDUCE_SHFL 0     // shfl.sync.bfly butterfly in each warp, then one shared-memory step across warps
-#define REDUCE_SMEM 1     // shared-memory tree over the row's threads
-#define CLUSTER_SUM_CTA 0    // a cluster's row sum: the CTA's sum (after a CTA barrier) to every CTA, from thread 0
-#define CLUSTER_SUM_WARPS 1  // every warp's sum to every CTA, a lane per CTA (no CTA barrier); summed in each warp
+// ---- genes ----------------------------------------------------------------------------------------------------------
+// DTYPE and one macro per gene, with its choices' constants and its default: generated from the gene space in
+// problems/rmsnorm_bwd.py by `kernel-factory genes` (a rendered candidate's own #defines come first and win).
+#include "rmsnorm_bwd_genes.cuh"
+
 // Flags of the launch plan (the kernel's `plan` argument).
 #define PLAN_VECTOR 1     // N % VEC == 0 and every pointer aligned: vector accesses, else one element at a time
 #define PLAN_DW_SMEM 2    // dw partials not in registers go to dynamic shared memory
 #define PLAN_DW_GLOBAL 4  // ... to the partial row of (slot, row group) in global memory; neither: all in registers
-
-// ---- genes (defaults) ------------------------------------------------------------------------------------------
-#ifndef DTYPE
-#define DTYPE DTYPE_BFLOAT16
-#endif
-#ifndef THREADS
-#define THREADS 256
-#endif
-#ifndef ROWS_PER_CTA
-#define ROWS_PER_CTA 1
-#endif
-#ifndef VEC_BYTES
-#define VEC_BYTES 16
-#endif
-#ifndef LOAD
-#define LOAD LOAD_NC
-#endif
-#ifndef STORE
-#define STORE STORE_PLAIN
-#endif
-#ifndef REG_VECS
-#define REG_VECS 2
-#endif
-#ifndef DW_ACC
-#define DW_ACC DW_ACC_REGS
-#endif
-#ifndef CTAS_PER_SM
-#define CTAS_PER_SM 2
-#endif
-#ifndef CLUSTER
-#define CLUSTER 1
-#endif
-#ifndef REDUCE
-#define REDUCE REDUCE_SHFL
-#endif
-#ifndef CLUSTER_SUM
-#define CLUSTER_SUM CLUSTER_SUM_CTA
-#endif
-#ifndef PREFETCH
-#define PREFETCH 1
-#endif
-#ifndef STAGES
-#define STAGES 0
-#endif
-#ifndef STREAM_BATCH
-#define STREAM_BATCH 1
-#endif
 
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;

@@ -6,32 +6,21 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#define DTYPE_BFLOAT16 0
-#define DTYPE_FLOAT16 1
-#define DTYPE_FLOAT32 2
-#define FAULT_NONE 0
-#define FAULT_COMPILE_ERROR 1     // not C++
-#define FAULT_PTXAS_OVERFLOW 2    // 256 KB of static shared memory: ptxas refuses it
-#define FAULT_ILLEGAL_ADDRESS 3   // a store 1 TB past y
-#define FAULT_MISALIGNED 4        // a 16-byte vector load from an address that is 2 bytes off
-#define FAULT_HANG 5              // never returns
-#define FAULT_TRAP 6              // PTX trap
-#define FAULT_NAN_OUTPUT 7        // one NaN in the middle of y
-#define FAULT_HALF_OUTPUT 8       // writes only the first half of every row
-#define FAULT_PAST_END 9          // also writes the element just past the end of y
-#define FAULT_HELDOUT_ONLY 10     // right everywhere except at N = 7168 (a held-out model width)
-#define FAULT_STALE 11            // skips rows whose rstd already holds a value: stale when called again
-#define FAULT_RACE 12             // cross-warp sum without barriers: the result depends on warp timing
-
-#ifndef DTYPE
-#define DTYPE DTYPE_BFLOAT16
-#endif
-#ifndef THREADS
-#define THREADS 256
-#endif
-#ifndef FAULT
-#define FAULT FAULT_NONE
-#endif
+// DTYPE and the genes FAULT and THREADS, with FAULT's constants and the defaults: generated from the gene space in
+// problems/rmsnorm_faults.py by `kernel-factory genes`. The faults, one per FAULT_* constant but FAULT_NONE:
+//   FAULT_COMPILE_ERROR    not C++
+//   FAULT_PTXAS_OVERFLOW   256 KB of static shared memory: ptxas refuses it
+//   FAULT_ILLEGAL_ADDRESS  a store 1 TB past y
+//   FAULT_MISALIGNED       a 16-byte vector load from an address that is 2 bytes off
+//   FAULT_HANG             never returns
+//   FAULT_TRAP             PTX trap
+//   FAULT_NAN_OUTPUT       one NaN in the middle of y
+//   FAULT_HALF_OUTPUT      writes only the first half of every row
+//   FAULT_PAST_END         also writes the element just past the end of y
+//   FAULT_HELDOUT_ONLY     right everywhere except at N = 7168 (a held-out model width)
+//   FAULT_STALE            skips rows whose rstd already holds a value: stale when called again
+//   FAULT_RACE             cross-warp sum without barriers: the result depends on warp timing
+#include "rmsnorm_faults_genes.cuh"
 
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;

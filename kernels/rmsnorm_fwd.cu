@@ -1,8 +1,9 @@
 // RMSNorm forward: y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w, accumulated in fp32; rstd[r] is stored.
 // x and y are (M, N) row-major in DTYPE; w is (N,) fp32; rstd is (M,) fp32.
 //
-// A template of the PTX Kernel Factory. It compiles as-is: every gene below is a #define with a default, and the
-// factory prepends its own #defines to render a candidate. Instruction-level choices are inline PTX.
+// A template of the PTX Kernel Factory. It compiles as-is: every gene is a #define with a default (in the generated
+// header below), and the factory prepends its own #defines to render a candidate. Instruction-level choices are
+// inline PTX.
 //
 // Layout: each CTA normalizes ROWS_PER_CTA rows at once, TPR = THREADS / ROWS_PER_CTA threads per row (TPR = 32 is
 // warp-per-row). Each thread walks its row in VEC_BYTES-wide vectors, strided by TPR. The first REG_VECS vectors of
@@ -21,68 +22,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-// ---- enumerations used by the genes -------------------------------------------------------------------------
-#define DTYPE_BFLOAT16 0
-#define DTYPE_FLOAT16 1
-#define DTYPE_FLOAT32 2
-#define LOAD_PLAIN 0      // ld.global
-#define LOAD_NC 1         // ld.global.nc                   (read-only, non-coherent path)
-#define LOAD_NC_NA 2      // ld.global.nc.L1::no_allocate   (stream past L1)
-#define LOAD_CP_ASYNC 3   // cp.async global -> shared, UNROLL stages in flight per thread
-#define STORE_PLAIN 0     // st.global
-#define STORE_CS 1        // st.global.cs  (streaming: evict-first)
-#define REDUCE_SHFL 0     // shfl.sync.bfly butterfly in each warp, then one shared-memory step across warps
-#define REDUCE_SMEM 1     // shared-memory tree over the row's threads
-#define RSQRT_APPROX 0    // rsqrt.approx.ftz.f32
-#define RSQRT_PRECISE 1   // 1 / sqrt, IEEE round-to-nearest
-#define STAGE_NONE 0      // the second pass re-reads x from global memory (L2 when it is still there)
-#define STAGE_SMEM 1      // the second pass reads x from dynamic shared memory, filled during the first pass
-#define STAGE_COPY_CP_ASYNC 0   // cp.async.cg.shared.global, 16 (or 8) bytes per thread and vector
-#define STAGE_COPY_BULK 1       // cp.async.bulk.shared::cluster.global (TMA), completion counted on an mbarrier
+// ---- genes ----------------------------------------------------------------------------------------------------------
+// DTYPE and one macro per gene, with its choices' constants and its default: generated from the gene space in
+// problems/rmsnorm_fwd.py by `kernel-factory genes` (a rendered candidate's own #defines come first and win).
+#include "rmsnorm_fwd_genes.cuh"
 
-// ---- genes (defaults) ------------------------------------------------------------------------------------------
-#ifndef DTYPE
-#define DTYPE DTYPE_BFLOAT16
-#endif
-#ifndef THREADS
-#define THREADS 256
-#endif
-#ifndef ROWS_PER_CTA
-#define ROWS_PER_CTA 1
-#endif
-#ifndef VEC_BYTES
-#define VEC_BYTES 16
-#endif
-#ifndef LOAD
-#define LOAD LOAD_NC
-#endif
-#ifndef STORE
-#define STORE STORE_PLAIN
-#endif
-#ifndef KEEP_X
-#define KEEP_X 1
-#endif
-#ifndef REDUCE
-#define REDUCE REDUCE_SHFL
-#endif
-#ifndef RSQRT
-#define RSQRT RSQRT_APPROX
-#endif
-#ifndef UNROLL
-#define UNROLL 2
-#endif
-#ifndef STAGE
-#define STAGE STAGE_NONE
-#endif
-#ifndef STAGE_COPY
-#define STAGE_COPY STAGE_COPY_CP_ASYNC
-#endif
-#ifndef CLUSTER
-#define CLUSTER 1
-#endif
-#ifndef PERSISTENT
-#define PERSISTENT 0
-#endif
 
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;

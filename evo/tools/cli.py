@@ -1,6 +1,7 @@
-"""The `kernel-factory` command: run, resume, record, problems, lineage, export, bench, faults, ui. Bad input ends in one line
-naming the problem and a non-zero exit, never a traceback; what a run measured before an error or Ctrl-C stays in its
-journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes its report of the cases it measured."""
+"""The `kernel-factory` command: run, resume, record, problems, lineage, export, bench, faults, genes, ui. Bad input
+ends in one line naming the problem and a non-zero exit, never a traceback; what a run measured before an error or
+Ctrl-C stays in its journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes its report of the cases it
+measured."""
 from __future__ import annotations
 
 import argparse
@@ -82,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     gap.add_argument("--stem", default="gap", help="file name stem in --out")
     flt = sub.add_parser("faults", help="run the evaluator's fault suite on this GPU and print its table")
     flt.add_argument("--out", help="also write the table as JSON here")
+    gen = sub.add_parser("genes", help="write each template's genes header (gene macros and defaults) from its "
+                                       "problem's gene space; --check only verifies")
+    gen.add_argument("problems", nargs="*", help="problem names (default: every installed problem)")
+    gen.add_argument("--check", action="store_true", help="write nothing; exit 1 if a header is stale or missing")
+    gen.add_argument("--dir", help="the folder of the templates (e.g. a plugin's source folder, when the plugin is "
+                                   "installed as a copy); default: kernels/ and each problem module's folder")
     ui = sub.add_parser("ui", help="serve the MLflow UI over the run store on 127.0.0.1")
     ui.add_argument("--store", default="runs/mlflow.db")
     ui.add_argument("--artifacts", default="runs/artifacts")
@@ -252,6 +259,15 @@ def cmd_faults(args: argparse.Namespace) -> int:
     return faults.main(args.out)
 
 
+def cmd_genes(args: argparse.Namespace) -> int:
+    from . import genes
+    folder = Path(args.dir) if args.dir else None
+    if folder is not None and not folder.is_dir():
+        raise ConfigError(f"--dir {args.dir!r} is not a folder")
+    return genes.main([registry.load("problem", n) for n in args.problems or registry.available("problem")],
+                      args.check, folder)
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from ..observers.mlflow import ui_command
     if not Path(args.store).is_file():
@@ -284,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
                 "lineage": cmd_lineage, "export": cmd_export, "bench": cmd_bench, "gap": cmd_gap,
-                "faults": cmd_faults}
+                "faults": cmd_faults, "genes": cmd_genes}
     return commands.get(args.command, cmd_ui)(args)
 
 

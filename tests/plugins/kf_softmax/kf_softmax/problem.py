@@ -14,6 +14,9 @@ from kernel_factory.evo.types import Case, Gene, GeneSpace, GeneValue
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 TEMPLATE = Path(__file__).parent / "softmax_fwd.cu"
+# The gene macros' header that `kernel-factory genes` writes from SPACE; the template includes it, and template()
+# inlines it, so that a candidate is one text (NVRTC needs no include path).
+GENES_HEADER = TEMPLATE.with_name("softmax_fwd_genes.cuh")
 INPUT_SCALE = 3.0
 
 
@@ -63,7 +66,7 @@ class SoftmaxForward:
     baselines = ("torch_eager",)
 
     def template(self) -> str:
-        return TEMPLATE.read_text()
+        return TEMPLATE.read_text().replace(f'#include "{GENES_HEADER.name}"\n', GENES_HEADER.read_text())
 
     def bytes_moved(self, case: Case) -> int:
         m, n = case.shape

@@ -2,8 +2,9 @@
 // x and y are (M, N) row-major in DTYPE.
 //
 // A template of the PTX Kernel Factory, shipped by the kf-softmax-plugin package. It compiles as-is: every gene
-// below is a #define with a default, and the factory prepends its own #defines to render a candidate.
-// Instruction-level choices are inline PTX.
+// is a #define with a default (in softmax_fwd_genes.cuh, which `kernel-factory genes` writes from the gene space and
+// problem.py inlines), and the factory prepends its own #defines to render a candidate. Instruction-level choices
+// are inline PTX.
 //
 // Layout: each CTA handles ROWS_PER_CTA rows, TPR = THREADS / ROWS_PER_CTA threads per row (TPR = 32 is warp per
 // row). Pass 1 gives each thread a running max m and a sum s of exp(x - m), rescaling s when m grows (online
@@ -14,34 +15,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-// ---- enumerations used by the genes -------------------------------------------------------------------------
-#define DTYPE_BFLOAT16 0
-#define DTYPE_FLOAT16 1
-#define DTYPE_FLOAT32 2
-#define LOAD_PLAIN 0      // ld.global
-#define LOAD_NC 1         // ld.global.nc   (read-only, non-coherent path)
-#define EXP_APPROX 0      // ex2.approx.ftz.f32 of (x - max) * log2(e)
-#define EXP_PRECISE 1     // expf from the CUDA math library (range reduction, at most 2 ulp)
-
-// ---- genes (defaults) ------------------------------------------------------------------------------------------
-#ifndef DTYPE
-#define DTYPE DTYPE_BFLOAT16
-#endif
-#ifndef THREADS
-#define THREADS 256
-#endif
-#ifndef ROWS_PER_CTA
-#define ROWS_PER_CTA 1
-#endif
-#ifndef VEC_BYTES
-#define VEC_BYTES 16
-#endif
-#ifndef LOAD
-#define LOAD LOAD_NC
-#endif
-#ifndef EXP
-#define EXP EXP_APPROX
-#endif
+// ---- genes ----------------------------------------------------------------------------------------------------------
+// DTYPE and one macro per gene, with its choices' constants and its default: generated from the gene space in
+// problem.py by `kernel-factory genes` (a rendered candidate's own #defines come first and win).
+#include "softmax_fwd_genes.cuh"
 
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;
