@@ -79,27 +79,32 @@ def jit_cubin(kernel: Kernel, arch: str) -> bytes | None:
 
 
 class Module:
-    """One cubin loaded in one device's primary context; functions looked up and their limits raised once."""
+    """One cubin loaded in one device's primary context; functions looked up once. A function's dynamic shared
+    memory limit only ever rises (an attribute of the function, shared by every launch of it), and non-portable
+    cluster sizes are allowed once."""
 
     def __init__(self, cubin: bytes):
         from cuda.bindings import driver
         self.handle = _check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
-        self.functions: dict[tuple[str, int, int], Any] = {}
+        self.functions: dict[str, Any] = {}
+        self.smem: dict[str, int] = {}
+        self.wide: set[str] = set()
 
     def function(self, name: str, smem: int, cluster: int) -> Any:
-        key = (name, smem, cluster)
-        if key not in self.functions:
-            from cuda.bindings import driver
-            fn = _check(driver.cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})")
-            attr = driver.CUfunction_attribute
-            if smem:
-                _check(driver.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-                       f"allowing {smem} B of dynamic shared memory for {name}")
-            if cluster > PORTABLE_CLUSTER:
-                _check(driver.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
-                       f"allowing clusters of {cluster} for {name}")
-            self.functions[key] = fn
-        return self.functions[key]
+        from cuda.bindings import driver
+        if name not in self.functions:
+            self.functions[name] = _check(driver.cuModuleGetFunction(self.handle, name.encode()),
+                                          f"cuModuleGetFunction({name})")
+        fn, attr = self.functions[name], driver.CUfunction_attribute
+        if smem > self.smem.get(name, 0):
+            _check(driver.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                   f"allowing {smem} B of dynamic shared memory for {name}")
+            self.smem[name] = smem
+        if cluster > PORTABLE_CLUSTER and name not in self.wide:
+            _check(driver.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                   f"allowing clusters of {cluster} for {name}")
+            self.wide.add(name)
+        return fn
 
 
 class Launcher:

@@ -25,7 +25,7 @@ def patched(problem, region, body):
 
 def second_pass(problem, old, new):
     """The template's second_pass region with one edit (the edit must apply)."""
-    from kernel_factory.evo.evaluate.render import regions
+    from kernel_factory.evo.regions import regions
     body = regions(problem.template())["second_pass"]
     assert old in body
     return body.replace(old, new)
