@@ -28,14 +28,14 @@ def _providers(torch: Any) -> dict[str, Callable[..., Any]]:
     try:
         from quack.rmsnorm import rmsnorm_fwd as quack_fwd
         found["quack"] = lambda x, w: quack_fwd(x, w)[0]
-    except ImportError as exc:
-        print(f"quack: not installed ({exc})", file=sys.stderr)
+    except Exception as exc:   # not installed, or installed without its compiler libraries (a RuntimeError)
+        print(f"quack: not usable here ({exc})", file=sys.stderr)
     try:
         import rmsnorm as int21
         if hasattr(int21, "rmsnorm_fwd"):
             found["int21"] = lambda x, w: int21.rmsnorm_fwd(x, w)[0]
-    except ImportError as exc:
-        print(f"int21: not importable ({exc})", file=sys.stderr)
+    except Exception as exc:
+        print(f"int21: not usable here ({exc})", file=sys.stderr)
     found["torch_eager"] = lambda x, w: torch.nn.functional.rms_norm(x, (x.shape[-1],), w.to(x.dtype), 1e-6)
     return found
 
