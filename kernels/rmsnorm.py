@@ -47,8 +47,11 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
+_DTYPE_NAMES = {d: runtime.DTYPE_NAMES[str(d)] for d in DTYPES}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
-    return runtime.DTYPE_NAMES[str(dtype)]
+    return _DTYPE_NAMES[dtype]
 
 
 # ---- where a call runs -------------------------------------------------------------------------------------------
@@ -72,10 +75,10 @@ def _launch(kernels: runtime.Kernels, m: int, n: int, dtype: torch.dtype, eps: f
     if getattr(_thread, "device", None) != index:   # autograd's thread may have no driver context yet
         runtime._context(index)
         _thread.device = index
-    launcher = kernels.launcher(index, _dtype_name(dtype), m, n, eps, tensors)
+    launcher = kernels.launcher(index, _DTYPE_NAMES[dtype], m, n, eps, tensors)
     for name, (buf_dtype, shape) in launcher.buffers.items():
         tensors[name] = torch.empty(shape, dtype=getattr(torch, buf_dtype), device=device)
-    launcher.launch(kernels.stream(torch._C._cuda_getCurrentRawStream(index)), tensors)
+    launcher.launch(torch._C._cuda_getCurrentRawStream(index), tensors)
 
 
 def _fwd_rows(h: Tensor, w: Tensor, eps: float, kernel: bool) -> tuple[Tensor, Tensor]:
@@ -109,6 +112,8 @@ def _bwd_rows(x: Tensor, w: Tensor, dy: Tensor, rstd: Tensor, kernel: bool) -> t
 def _weight32(weight: Optional[Tensor], offset: float, n: int, device: torch.device) -> Tensor:
     if weight is None or weight.dim() == 2:
         return torch.ones(n, dtype=torch.float32, device=device)
+    if weight.dtype is torch.float32 and not offset and weight.is_contiguous():
+        return weight
     w = weight.float()
     return (w + offset if offset else w).contiguous()
 
@@ -123,27 +128,31 @@ _LIB.define("rmsnorm_bwd(Tensor x, Tensor? weight, Tensor dout, Tensor rstd, Ten
             "float weight_offset) -> (Tensor dx, Tensor dw, Tensor db, Tensor dresidual)")
 
 
-def _fwd_impl(x, weight, bias, residual, out_dtype, residual_dtype, eps, weight_offset, keep_residual):
+def _fwd_impl(x, weight, bias, residual, out_dtype, residual_dtype, eps, weight_offset, keep_residual,
+              placeholder=True):
+    """The forward op's implementation (any device). placeholder: an empty residual_out when none is kept, as the
+    op's schema returns a tensor there (the eager fast path passes False and gets None)."""
     n = x.shape[-1]
-    out_dtype = out_dtype or x.dtype
+    rows = x if x.dim() == 2 else x.reshape(-1, n)
     per_head = weight is not None and weight.dim() == 2
-    plain = residual is None and bias is None and not per_head and out_dtype == x.dtype
-    kernel_dtype = x.dtype if plain else torch.float32
-    on_kernel = _kernel_ok(FWD, x, kernel_dtype)
-    h = x.reshape(-1, n)
-    if not plain:
-        h = h.float() if residual is None else h.float() + residual.reshape(-1, n).float()
-    y, rstd = _fwd_rows(h.contiguous(), _weight32(weight, weight_offset, n, x.device), eps, on_kernel)
+    plain = residual is None and bias is None and not per_head and (out_dtype is None or out_dtype == x.dtype)
+    on_kernel = _kernel_ok(FWD, x, x.dtype if plain else torch.float32)
+    w32 = _weight32(weight, weight_offset, n, x.device)
+    if plain:
+        y, rstd = _fwd_rows(rows if rows.is_contiguous() else rows.contiguous(), w32, eps, on_kernel)
+        out = y if x.dim() == 2 else y.reshape(x.shape)
+        residual_out = rows.float().to(residual_dtype or x.dtype, copy=True).reshape(x.shape) if keep_residual \
+            else (x.new_empty(_EMPTY) if placeholder else None)
+        return out, residual_out, (rstd if x.dim() == 2 else rstd.reshape(x.shape[:-1]))
+    h = rows.float() if residual is None else rows.float() + residual.reshape(-1, n).float()
+    y, rstd = _fwd_rows(h.contiguous(), w32, eps, on_kernel)
     if per_head:
         y = (y.reshape(x.shape) * (weight.float() + weight_offset)).reshape(-1, n)
     if bias is not None:
         y = (y.reshape(x.shape) + bias.float()).reshape(-1, n)
-    out = y.to(out_dtype).reshape(x.shape)
-    if keep_residual:
-        h = x.reshape(-1, n).float() if plain else h
-        residual_out = h.to(residual_dtype or x.dtype, copy=True).reshape(x.shape)
-    else:
-        residual_out = x.new_empty(_EMPTY)
+    out = y.to(out_dtype or x.dtype).reshape(x.shape)
+    residual_out = h.to(residual_dtype or x.dtype, copy=True).reshape(x.shape) if keep_residual \
+        else (x.new_empty(_EMPTY) if placeholder else None)
     return out, residual_out, rstd.reshape(x.shape[:-1])
 
 
@@ -208,12 +217,14 @@ def _setup_context(ctx, inputs, output):
     ctx.x_dtype, ctx.residual_dtype = x.dtype, residual.dtype if residual is not None else None
 
 
-def _backward(ctx, dout, dresidual_out, _drstd):
+def _backward(ctx, dout, dresidual_out, _drstd, backward=None):
+    """The gradients of the forward op's inputs; `backward` is the backward op (the registered one by default; the
+    eager path passes its implementation directly)."""
     h, weight, rstd = ctx.saved_tensors
     if not ctx.keep_residual:
         dresidual_out = None
-    dx, dw, db, dres = torch.ops.kernel_factory.rmsnorm_bwd(h, weight, dout.contiguous(), rstd,
-                                                            dresidual_out, ctx.has_bias, ctx.weight_offset)
+    dx, dw, db, dres = (backward or torch.ops.kernel_factory.rmsnorm_bwd)(
+        h, weight, dout.contiguous(), rstd, dresidual_out, ctx.has_bias, ctx.weight_offset)
     dresidual = None
     if ctx.has_residual:   # as QuACK: the gradient in the stored h's precision, not rounded to x's dtype first
         dresidual = (dres if dres.numel() else dx).to(ctx.residual_dtype)
@@ -222,6 +233,32 @@ def _backward(ctx, dout, dresidual_out, _drstd):
 
 
 torch.library.register_autograd("kernel_factory::rmsnorm_fwd", _backward, setup_context=_setup_context)
+
+
+class _EagerRMSNorm(torch.autograd.Function):
+    """The same forward and backward outside torch.compile, without a trip through the dispatcher (which costs
+    tens of microseconds per call in Python): torch.compile traces the registered op instead."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out, residual_out, rstd = _fwd_impl(*args)
+        _setup_context(ctx, args, (out, residual_out, rstd))
+        ctx.mark_non_differentiable(rstd)
+        return out, residual_out, rstd
+
+    @staticmethod
+    def backward(ctx, dout, dresidual_out, drstd):
+        return _backward(ctx, dout, dresidual_out, drstd, backward=_bwd_impl)
+
+
+def _forward(*args) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    """The forward op: traced under torch.compile, with autograd when an input needs a gradient, else the
+    implementation itself (an inference call pays only the launch)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.kernel_factory.rmsnorm_fwd(*args)
+    if torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args[:4]):
+        return _EagerRMSNorm.apply(*args)
+    return _fwd_impl(*args, placeholder=False)
 
 
 # ---- QuACK's public API ------------------------------------------------------------------------------------------
@@ -274,8 +311,8 @@ def rmsnorm_fwd(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tenso
     if residual is not None and residual_dtype is None:
         residual_dtype = residual.dtype
     keep = residual is not None or (residual_dtype is not None and residual_dtype != x.dtype)
-    out, residual_out, rstd = torch.ops.kernel_factory.rmsnorm_fwd(
-        x, weight, bias, residual, out_dtype, residual_dtype, float(eps), float(weight_offset), keep)
+    out, residual_out, rstd = _forward(x, weight, bias, residual, out_dtype, residual_dtype, float(eps),
+                                       float(weight_offset), keep)
     return out, (residual_out if keep else x), (rstd if store_rstd else None)
 
 
@@ -292,8 +329,8 @@ def rmsnorm_bwd(x: Tensor, weight: Optional[Tensor], dout: Tensor, rstd: Tensor,
         _fail(f"rstd must be an fp32 tensor with one value per row ({rows.numel()}), got {got}")
     if dresidual_out is not None and (dresidual_out.shape != x.shape or dresidual_out.dtype not in DTYPES):
         _fail("Residual must be float16, bfloat16, or float32, of x's shape")
-    dx, dw, db, dres = torch.ops.kernel_factory.rmsnorm_bwd(x, weight, dout, rstd.reshape(rows), dresidual_out,
-                                                            has_bias, float(weight_offset))
+    backward = torch.ops.kernel_factory.rmsnorm_bwd if torch.compiler.is_compiling() else _bwd_impl
+    dx, dw, db, dres = backward(x, weight, dout, rstd.reshape(rows), dresidual_out, has_bias, float(weight_offset))
     dresidual = dres if dres.numel() or (dresidual_out is not None and dresidual_out.dtype != x.dtype) else None
     if has_residual and dresidual is None:
         dresidual = dx

@@ -23,6 +23,40 @@ PORTABLE_CLUSTER = 8      # CTAs per cluster any sm_90 launch may use; beyond, a
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 
 
+class _Dim3Cluster(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, 4 bytes of padding and a 64-byte value union (here its clusterDim member)."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("cluster", _Dim3Cluster),
+                ("rest", ctypes.c_char * (64 - ctypes.sizeof(_Dim3Cluster)))]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig, as cuLaunchKernelEx reads it."""
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+CLUSTER_DIMENSION = 4          # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+_LIBCUDA: Any = None
+
+
+def _libcuda() -> Any:
+    """The driver's cuLaunchKernelEx through ctypes: a launch costs about a microsecond of host time this way, a
+    few times less than through the bindings' object conversions (measured in docs/results/op/)."""
+    global _LIBCUDA
+    if _LIBCUDA is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        lib.cuLaunchKernelEx.restype = ctypes.c_int
+        _LIBCUDA = lib
+    return _LIBCUDA
+
+
 class LaunchError(RuntimeError):
     """A driver call failed while loading or launching an exported kernel; the message names the call."""
 
@@ -108,24 +142,21 @@ class Module:
 
 
 class Launcher:
-    """A recipe evaluated for one (M, N, alignments) and made ready: per step its function, launch configuration
-    and packed arguments. launch() writes the tensors' addresses into the argument buffer and launches."""
+    """A recipe evaluated for one (M, N, alignments) and made ready: per step the function, a CUlaunchConfig and a
+    packed argument buffer (one 8-byte slot per argument). launch() writes the tensors' addresses into their slots,
+    sets the stream and calls cuLaunchKernelEx: nothing else happens per call."""
 
     def __init__(self, module: Module, plan: recipes.Plan):
-        from cuda.bindings import driver
         self.buffers = plan.buffers
-        self.steps: list[tuple[Any, Any, int, list[tuple[int, str]], Any]] = []
+        self.steps: list[tuple[int, _LaunchConfig, int, list[tuple[int, str]], Any, Any]] = []
         for step in plan.steps:
             fn = module.function(step.kernel, step.smem, step.cluster)
-            cfg = driver.CUlaunchConfig()
-            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = step.grid, 1, 1
-            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = step.block, 1, 1
-            cfg.sharedMemBytes = step.smem
+            cfg = _LaunchConfig(step.grid, 1, 1, step.block, 1, 1, step.smem, None, None, 0)
+            attrs = None
             if step.cluster > 1:
-                attr = driver.CUlaunchAttribute()
-                attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-                attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = step.cluster, 1, 1
-                cfg.attrs, cfg.numAttrs = [attr], 1
+                attrs = (_LaunchAttribute * 1)()
+                attrs[0].id, attrs[0].cluster = CLUSTER_DIMENSION, _Dim3Cluster(step.cluster, 1, 1)
+                cfg.attrs, cfg.numAttrs = attrs, 1
             values = (ctypes.c_uint64 * len(step.args))()
             slots = []
             for i, (kind, arg) in enumerate(step.args):
@@ -137,19 +168,21 @@ class Launcher:
                     values[i] = struct.unpack("<I", struct.pack("<f", float(arg)))[0]
             pointers = (ctypes.c_void_p * len(step.args))(
                 *(ctypes.addressof(values) + 8 * i for i in range(len(step.args))))
-            self.steps.append((fn, cfg, ctypes.addressof(pointers), slots, (values, pointers)))
+            self.steps.append((int(fn), cfg, ctypes.addressof(pointers), slots, values, (pointers, attrs)))
         self.lock = threading.Lock()
+        self.driver = _libcuda()
 
-    def launch(self, stream: Any, tensors: Mapping[str, Any]) -> None:
-        from cuda.bindings import driver
+    def launch(self, stream: int, tensors: Mapping[str, Any]) -> None:
+        """Launch every step on the raw CUstream handle `stream`."""
         with self.lock:
-            for fn, cfg, params, slots, (values, _) in self.steps:
+            for fn, cfg, params, slots, values, _ in self.steps:
                 for i, name in slots:
                     values[i] = tensors[name].data_ptr()
                 cfg.hStream = stream
-                err, = driver.cuLaunchKernelEx(cfg, fn, params, 0)
-                if err != driver.CUresult.CUDA_SUCCESS:
-                    raise LaunchError(f"cuLaunchKernelEx failed: {err.name}")
+                err = self.driver.cuLaunchKernelEx(ctypes.addressof(cfg), fn, params, None)
+                if err:
+                    from cuda.bindings import driver
+                    raise LaunchError(f"cuLaunchKernelEx failed: {driver.CUresult(err).name}")
 
 
 class Kernels:
@@ -162,10 +195,11 @@ class Kernels:
         self._table: Table | None = None
         self._modules: dict[tuple[str, int], Module | None] = {}
         self._launchers: dict[tuple, Launcher] = {}
-        self._streams: dict[int, Any] = {}
         self._why: dict[tuple[int, str], str | None] = {}
         self._aligned: dict[tuple[str, str], list[str]] = {}   # the tensors whose alignment a recipe reads
-        self._lock = threading.Lock()
+        self._chosen: dict[tuple[str, int], Kernel | None] = {}
+        self._fast: dict[tuple, Launcher] = {}   # (device, dtype, M, N, eps) -> launcher, for recipes that read no
+        self._lock = threading.Lock()            # alignment (the common case: one dict lookup per call)
 
     @property
     def table(self) -> Table:
@@ -205,10 +239,20 @@ class Kernels:
                 self._modules[key] = Module(cubin) if cubin is not None else None
             return self._modules[key]
 
+    def kernel(self, dtype: str, n: int) -> Kernel | None:
+        """The table's choice for (dtype, n), decided once."""
+        key = (dtype, n)
+        if key not in self._chosen:
+            self._chosen[key] = self.table.kernel(dtype, n)
+        return self._chosen[key]
+
     def launcher(self, index: int, dtype: str, m: int, n: int, eps: float,
                  tensors: Mapping[str, Any]) -> Launcher:
         """The cached launcher for this call's key; made (recipe evaluated, functions loaded) on first use."""
-        kernel = self.table.kernel(dtype, n)
+        fast = self._fast.get((index, dtype, m, n, eps))
+        if fast is not None:
+            return fast
+        kernel = self.kernel(dtype, n)
         names = self._aligned.get((kernel.genome, dtype))
         if names is None:
             names = self._aligned[(kernel.genome, dtype)] = recipes.aligned_names(kernel.recipe)
@@ -221,12 +265,8 @@ class Kernels:
             found = Launcher(self.module(kernel, index), plan)
             if len(self._launchers) > 4096:
                 self._launchers.clear()
+                self._fast.clear()
             self._launchers[key] = found
-        return found
-
-    def stream(self, handle: int) -> Any:
-        found = self._streams.get(handle)
-        if found is None:
-            from cuda.bindings import driver
-            found = self._streams[handle] = driver.CUstream(handle)
+            if not names:
+                self._fast[(index, dtype, m, n, eps)] = found
         return found

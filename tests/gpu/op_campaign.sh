@@ -6,6 +6,8 @@
 #   stage 2 (carry the cutlass wheel's first half): the rest of the GPU test suite
 #   stage 3 (carry the second half): QuACK installed; per-call cost with every peer
 #   quickstart (carry .whl): a live quickstart run, today's pipeline throughput
+#   op (carry .int21; no wheels: the op needs torch and cuda-python only): the op's GPU tests, its per-call profile,
+#            and per-call cost against INT21 and torch
 set -uo pipefail
 stage="${1:?usage: op_campaign.sh 1|2|3|quickstart}"
 export PYTHONUNBUFFERED=1
@@ -36,6 +38,17 @@ case "$stage" in
   export PYTHONPATH="/tmp/kf:$PWD/.int21:${PYTHONPATH}"; export PATH="/tmp/kf/bin:${PATH}"
   python3 -c "import quack.rmsnorm; print('quack importable')"
   timeout 400 python3 -m kernel_factory.evo.tools.percall --out "$OUT/percall" 2>"$OUT/percall.log"
+  ;;
+op)
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/kf . 2>&1 | grep -v WARNING
+  export PYTHONPATH="/tmp/kf:$PWD/.int21:${PYTHONPATH:-}"
+  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension(); print('built')" \
+     > /tmp/int21_build.log 2>&1 &)
+  timeout 200 python3 -m pytest -q -m gpu --gpu -p no:cacheprovider tests/gpu/test_rmsnorm_op_gpu.py 2>&1 \
+    | tee "$OUT/gpu-tests-op.log" | tail -n 4
+  python3 tests/gpu/profile_op.py 2>&1 | tee "$OUT/profile.txt" | head -n 12
+  int21_ready 150
+  timeout 200 python3 -m kernel_factory.evo.tools.percall --out "$OUT/percall-no-quack" 2>"$OUT/percall-no-quack.log"
   ;;
 quickstart)
   source tests/gpu/host_setup.sh
