@@ -58,11 +58,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _kernel_ok(kernels: runtime.Kernels, x: Tensor, dtype: torch.dtype) -> bool:
     """True when the exported kernel of dtype can run on x's device; else warns once why the reference runs."""
-    if x.device.type != "cuda":
+    if not x.is_cuda:
         why = f"tensors on {x.device.type}"
     else:
-        why = kernels.why_not(x.device.index if x.device.index is not None else torch.cuda.current_device(),
-                              _dtype_name(dtype), torch.cuda.get_device_capability)
+        why = kernels.why_not(x.get_device(), _DTYPE_NAMES[dtype], torch.cuda.get_device_capability)
         if why is None:
             return True
     _warn_once(f"kernel_factory rmsnorm: {kernels.problem} runs its torch reference ({why})")
@@ -70,14 +69,14 @@ def _kernel_ok(kernels: runtime.Kernels, x: Tensor, dtype: torch.dtype) -> bool:
 
 
 def _launch(kernels: runtime.Kernels, m: int, n: int, dtype: torch.dtype, eps: float, tensors: dict) -> None:
-    device = tensors["x"].device
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    x = tensors["x"]
+    index = x.get_device()
     if getattr(_thread, "device", None) != index:   # autograd's thread may have no driver context yet
         runtime._context(index)
         _thread.device = index
     launcher = kernels.launcher(index, _DTYPE_NAMES[dtype], m, n, eps, tensors)
     for name, (buf_dtype, shape) in launcher.buffers.items():
-        tensors[name] = torch.empty(shape, dtype=getattr(torch, buf_dtype), device=device)
+        tensors[name] = x.new_empty(shape, dtype=getattr(torch, buf_dtype))
     launcher.launch(torch._C._cuda_getCurrentRawStream(index), tensors)
 
 
@@ -89,7 +88,7 @@ def _fwd_rows(h: Tensor, w: Tensor, eps: float, kernel: bool) -> tuple[Tensor, T
         rstd = torch.rsqrt(hf.square().mean(dim=-1) + eps)
         return (hf * rstd[:, None] * w).to(h.dtype), rstd
     y = torch.empty_like(h)
-    rstd = torch.empty(m, dtype=torch.float32, device=h.device)
+    rstd = h.new_empty((m,), dtype=torch.float32)
     if m:
         _launch(FWD, m, n, h.dtype, eps, {"x": h, "w": w, "y": y, "rstd": rstd})
     return y, rstd
@@ -256,7 +255,10 @@ def _forward(*args) -> tuple[Tensor, Optional[Tensor], Tensor]:
     implementation itself (an inference call pays only the launch)."""
     if torch.compiler.is_compiling():
         return torch.ops.kernel_factory.rmsnorm_fwd(*args)
-    if torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args[:4]):
+    x, weight, bias, residual = args[:4]
+    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
+                                    or (bias is not None and bias.requires_grad)
+                                    or (residual is not None and residual.requires_grad)):
         return _EagerRMSNorm.apply(*args)
     return _fwd_impl(*args, placeholder=False)
 
@@ -285,12 +287,12 @@ def _check_fwd(x, weight, bias, residual, out_dtype, residual_dtype, eps, weight
         if tuple(t.shape) != want:
             _fail(f"{name} has shape {tuple(t.shape)}; expected {want} for x of shape {tuple(x.shape)}"
                   + (" (per-head weights are (H, D) on x (..., H, D))" if per_head else ""))
-        if t.device != x.device:
+        if t.get_device() != x.get_device() or t.is_meta != x.is_meta:   # ints: cheaper than device objects
             _fail(f"{name} is on {t.device} but x is on {x.device}; put them on the same device")
     if residual is not None:
         if not isinstance(residual, Tensor) or residual.dtype not in DTYPES:
             _fail("Residual must be float16, bfloat16, or float32")
-        if residual.shape != x.shape or residual.device != x.device:
+        if residual.shape != x.shape or residual.get_device() != x.get_device():
             _fail(f"residual has shape {tuple(residual.shape)} on {residual.device}; expected x's "
                   f"{tuple(x.shape)} on {x.device}")
     for name, dt in (("out_dtype", out_dtype), ("residual_dtype", residual_dtype)):

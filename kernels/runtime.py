@@ -148,7 +148,7 @@ class Launcher:
 
     def __init__(self, module: Module, plan: recipes.Plan):
         self.buffers = plan.buffers
-        self.steps: list[tuple[int, _LaunchConfig, int, list[tuple[int, str]], Any, Any]] = []
+        self.steps: list[tuple[int, _LaunchConfig, int, int, list[tuple[int, str]], Any, Any]] = []
         for step in plan.steps:
             fn = module.function(step.kernel, step.smem, step.cluster)
             cfg = _LaunchConfig(step.grid, 1, 1, step.block, 1, 1, step.smem, None, None, 0)
@@ -168,18 +168,19 @@ class Launcher:
                     values[i] = struct.unpack("<I", struct.pack("<f", float(arg)))[0]
             pointers = (ctypes.c_void_p * len(step.args))(
                 *(ctypes.addressof(values) + 8 * i for i in range(len(step.args))))
-            self.steps.append((int(fn), cfg, ctypes.addressof(pointers), slots, values, (pointers, attrs)))
+            self.steps.append((int(fn), cfg, ctypes.addressof(cfg), ctypes.addressof(pointers), slots, values,
+                               (pointers, attrs)))
         self.lock = threading.Lock()
         self.driver = _libcuda()
 
     def launch(self, stream: int, tensors: Mapping[str, Any]) -> None:
         """Launch every step on the raw CUstream handle `stream`."""
         with self.lock:
-            for fn, cfg, params, slots, values, _ in self.steps:
+            for fn, cfg, cfg_address, params, slots, values, _ in self.steps:
                 for i, name in slots:
                     values[i] = tensors[name].data_ptr()
                 cfg.hStream = stream
-                err = self.driver.cuLaunchKernelEx(ctypes.addressof(cfg), fn, params, None)
+                err = self.driver.cuLaunchKernelEx(cfg_address, fn, params, None)
                 if err:
                     from cuda.bindings import driver
                     raise LaunchError(f"cuLaunchKernelEx failed: {driver.CUresult(err).name}")

@@ -30,9 +30,8 @@ def main() -> None:
     index = torch.cuda.current_device()
     tensors = {"x": x, "w": w, "y": y, "rstd": rstd}
     launcher = op.FWD.launcher(index, "bfloat16", 8, 4096, 1e-6, tensors)
-    stream = op.FWD.stream(torch._C._cuda_getCurrentRawStream(index))
-    from cuda.bindings import driver
-    fn, cfg, params, _, _ = launcher.steps[0]
+    stream = torch._C._cuda_getCurrentRawStream(index)
+    fn, cfg, cfg_address, params, _, _, _ = launcher.steps[0]
     cfg.hStream = stream
     rows = {
         "rmsnorm_fwd (public API)": lambda: op.rmsnorm_fwd(x, w),
@@ -42,7 +41,7 @@ def main() -> None:
         "_fwd_rows (allocs + launch)": lambda: op._fwd_rows(x, w, 1e-6, True),
         "Kernels.launcher lookup": lambda: op.FWD.launcher(index, "bfloat16", 8, 4096, 1e-6, tensors),
         "Launcher.launch": lambda: launcher.launch(stream, tensors),
-        "cuLaunchKernelEx alone": lambda: driver.cuLaunchKernelEx(cfg, fn, params, 0),
+        "cuLaunchKernelEx alone (ctypes)": lambda: launcher.driver.cuLaunchKernelEx(cfg_address, fn, params, None),
         "two torch.empty": lambda: (torch.empty_like(x), torch.empty(8, device="cuda")),
         "torch F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (4096,), w.bfloat16(), 1e-6),
     }
