@@ -22,7 +22,6 @@ from .history import History, Record, cases_key
 from .loop import evolve
 from .lessons import to_markdown
 from . import credit
-from .evaluate import render
 from . import journal
 from .protocols import Evaluator, EvaluatorInfo, RecordedSpace, Retimes, RunInfo, RunSummary
 from .types import Candidate, EvalResult
