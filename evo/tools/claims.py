@@ -62,7 +62,10 @@ class Cited:
     lines: tuple[int, int] | None = None   # first and last line cited (1-based), or the whole file
 
     def __str__(self) -> str:
-        return str(self.path) + (f"#L{self.lines[0]}-L{self.lines[1]}" if self.lines else "")
+        if not self.lines:
+            return str(self.path)
+        first, last = self.lines
+        return f"{self.path}#L{first}" + (f"-L{last}" if last != first else "")
 
 
 def citations(block: str, base: Path, root: Path) -> list[Cited]:
