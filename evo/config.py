@@ -27,7 +27,7 @@ class OperatorConfig:
 @dataclass(frozen=True)
 class SurrogateConfig:
     # Off by default: it did not beat the loop without it at the default population (search-efficiency benchmark,
-    # runs/evidence/search-efficiency.md); it did at population 24.
+    # docs/results/efficiency/search-efficiency.md); it did at population 24.
     enabled: bool = False
     oversample: float = 4.0        # children proposed per child sent to the evaluator
     explore: float = 0.25          # share of each batch drawn at random from the proposals, not by rank

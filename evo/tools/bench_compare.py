@@ -7,9 +7,10 @@ from typing import Any, Mapping
 
 from .bench import SUBJECT, peer_set
 
-# Between two H200 benches of the same backward kernels (runs/evidence/h200-2026-12-01/bench/call5-bwd-previous-table
-# and bwd), rows from 1024 up moved by at most 1.4%. Small rows move more, and their IQRs say so: the bar for a row
-# is the larger of this and the spread of both benches there.
+# Between two H200 benches of the same backward kernels (docs/results/bench/bwd.json, and the previous table's in
+# history at 6e20ce6: runs/evidence/h200-2026-12-01/bench/call5-bwd-previous-table.json), rows from 1024 up moved
+# by at most 1.4%. Small rows move more, and their IQRs say so: the bar for a row is the larger of this and the
+# spread of both benches there.
 DEFAULT_PCT = 2.0
 
 

@@ -1,7 +1,8 @@
-"""The `kernel-factory` command: run, resume, record, problems, lineage, export, bench, faults, genes, ui. Bad input
-ends in one line naming the problem and a non-zero exit, never a traceback; what a run measured before an error or
-Ctrl-C stays in its journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes its report of the cases it
-measured."""
+"""The `kernel-factory` command: run, resume, record, problems, lineage, export, bench, gap, report, faults, genes,
+ui.
+Bad input ends in one line naming the problem and a non-zero exit, never a traceback; what a run measured before an
+error or Ctrl-C stays in its journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes its report of the
+cases it measured."""
 from __future__ import annotations
 
 import argparse
@@ -81,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
     gap.add_argument("targets", help="a targets YAML (e.g. configs/targets/rmsnorm-h200.yaml)")
     gap.add_argument("--out", help="folder for gap.md and gap.json")
     gap.add_argument("--stem", default="gap", help="file name stem in --out")
+    rep = sub.add_parser("report", help="write the results page from the committed raw results (no GPU)")
+    rep.add_argument("--out", default="docs/results.md", help="the page to write (default docs/results.md)")
+    rep.add_argument("--check", action="store_true", help="write nothing; exit 1 if --out differs from the page, or "
+                     "if a number on README.md or docs/*.md is not in the raw file it cites")
     flt = sub.add_parser("faults", help="run the evaluator's fault suite on this GPU and print its table")
     flt.add_argument("--out", help="also write the table as JSON here")
     gen = sub.add_parser("genes", help="write each template's genes header (gene macros and defaults) from its "
@@ -254,6 +259,21 @@ def cmd_gap(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from . import report
+    if not Path(report.TARGETS).is_file():   # the page's paths are the repository's
+        raise ConfigError(f"no {report.TARGETS} here: run `kernel-factory report` from the repository root")
+    if args.check:
+        from . import claims
+        same = Path(args.out).is_file() and Path(args.out).read_text() == report.page()
+        print(f"{args.out} is {'up to date' if same else 'stale: run kernel-factory report'}", file=sys.stderr)
+        problems = [p for page in ["README.md", *sorted(Path("docs").glob("*.md"))] for p in claims.check(page)]
+        print("\n".join(problems) or "every number cited holds", file=sys.stderr)
+        return 0 if same and not problems else 1
+    print(f"written: {report.write(args.out)}", file=sys.stderr)
+    return 0
+
+
 def cmd_faults(args: argparse.Namespace) -> int:
     from . import faults
     return faults.main(args.out)
@@ -300,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
                 "lineage": cmd_lineage, "export": cmd_export, "bench": cmd_bench, "gap": cmd_gap,
-                "faults": cmd_faults, "genes": cmd_genes}
+                "report": cmd_report, "faults": cmd_faults, "genes": cmd_genes}
     return commands.get(args.command, cmd_ui)(args)
 
 

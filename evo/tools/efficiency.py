@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=1500, help="evaluations per run")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes")
-    parser.add_argument("--out", default="runs/evidence/search-efficiency.md", help="markdown file to write")
+    parser.add_argument("--out", default="runs/efficiency/search-efficiency.md", help="markdown file to write")
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if unknown := [m for m in methods if m not in METHODS]:

@@ -81,7 +81,7 @@ def main(out: str | None) -> int:
     reason = gpu_unavailable_reason()
     if reason:
         raise WorkerError(f"the fault suite runs kernels on a GPU, and there is none here: {reason}. The last "
-                          f"H200 table is in runs/evidence/")
+                          f"H200 table is in docs/results.md")
     start = time.perf_counter()
     rows, restarts, fp = run()
     text = table(rows, restarts)

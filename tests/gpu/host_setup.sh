@@ -1,7 +1,7 @@
 # Source this on an offline GPU host (the device machine), from the repository root, before GPU tests or runs:
 #   source tests/gpu/host_setup.sh [MORE WHEEL DIRS]   (e.g. .whl-baselines and split parts of a large wheel)
 # A later call on the same warm host need not carry .whl again (its wheels stay installed under /tmp).
-# It installs the carried wheelhouse (.whl: deap, mlflow; see README "GPU host"), then this project and the
+# It installs the carried wheelhouse (.whl: deap, mlflow; see docs/gpu-host.md), then this project and the
 # plugin packages under tests/plugins/ into /tmp/kf, without build isolation and without an index.
 if [ -f .whl/install-wheels.sh ]; then
   source .whl/install-wheels.sh .whl "$@"

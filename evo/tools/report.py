@@ -1,0 +1,160 @@
+"""`kernel-factory report`: the results page (docs/results.md), generated from the committed raw results under
+docs/results/ by the tools' own readers (gap, bench_report, faults), so that the page can say nothing the files do
+not. A CPU test regenerates it and compares; another checks every number on it against the file it links.
+
+To add a result: commit its raw file under docs/results/ and add one entry to BENCHES (a bench JSON, with the
+markdown `kernel-factory bench --from` renders beside it) or one Section to SECTIONS (anything else).
+Run from the repository root: the paths below are relative to it."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import bench_report, bench_suite, faults, gap
+
+OUT = "docs/results.md"
+RESULTS = "docs/results"
+TARGETS = "configs/targets/rmsnorm-h200.yaml"
+GAP = f"{RESULTS}/gap/rmsnorm-h200"
+GAP_COMMAND = f"kernel-factory gap {TARGETS} --out {RESULTS}/gap --stem rmsnorm-h200"
+FAULTS = f"{RESULTS}/faults/faults.json"
+
+
+@dataclass(frozen=True)
+class Bench:
+    label: str       # what was benched, in a word or three
+    json: str        # bench.py's JSON, as `kernel-factory bench --out` wrote it
+    command: str     # the command that timed it
+
+
+# One paragraph each on the page. The .md beside each JSON (`kernel-factory bench --from X.json --out DIR`) holds the
+# geomeans as text, and its lines are what the page links for them (the claims check reads those lines).
+BENCHES: tuple[Bench, ...] = (
+    Bench("forward bf16", f"{RESULTS}/bench/fwd-bf16.json",
+          "kernel-factory bench --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes bfloat16 "
+          "--reps 20"),
+    Bench("forward fp16, fp32", f"{RESULTS}/bench/fwd-fp16-fp32.json",
+          "kernel-factory bench --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes float16,float32 "
+          "--reps 20 --baselines int21,quack,liger,torch_eager,torch_compile"),
+    Bench("backward bf16, fp16", f"{RESULTS}/bench/bwd.json",
+          "kernel-factory bench --problem rmsnorm_bwd --table kernels/ops/rmsnorm_bwd.json --dtypes bfloat16,float16 "
+          "--reps 20 --baselines int21,quack,liger,torch_eager,torch_compile"),
+)
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    render: Callable[[], list[str]]   # the section's markdown lines, read from its raw files
+
+
+def link(path: str, lines: tuple[int, int] | None = None, text: str | None = None, from_root: bool = False) -> str:
+    """A markdown link to a file given from the repository root, from docs/ (or from the root), optionally to some
+    of its lines (GitHub's #La-Lb): the claims check then looks for the numbers in those lines alone."""
+    target = path if from_root else Path(path).relative_to("docs").as_posix()
+    anchor = "" if not lines else f"#L{lines[0]}" + (f"-L{lines[1]}" if lines[1] != lines[0] else "")
+    return f"[{text or Path(path).name}]({target}{anchor})"
+
+
+def line_of(path: str, start: str, after: int = 0) -> int:
+    """The number (1-based) of the first line of a file that starts with `start`, after line `after`."""
+    for i, line in enumerate(Path(path).read_text().splitlines()[after:], after + 1):
+        if line.startswith(start):
+            return i
+    raise ValueError(f"{path}: no line starting {start!r} after line {after}: regenerate it with its command")
+
+
+def targets_table(from_root: bool = False) -> list[str]:
+    """Each target against its side-by-side bench, each row linking the lines of the gap report that hold its
+    numbers. The README copies this table (from_root=True; a test keeps the copy true)."""
+    analysis = gap.analyse(gap.load_targets(TARGETS))
+    lines = ["| report | geomean vs best peer (target) | rows below the floor | worst row | geomean at copy "
+             "bandwidth |", "|---|---|---|---|---|"]
+    for rep in analysis["reports"]:
+        top = line_of(GAP + ".md", f"## {rep['name']} (")
+        rows = (top, line_of(GAP + ".md", "|---", top) + 1)
+        worst = next((g for g in rep["gaps"] if "ratio" in g), None)
+        lines.append(f"| {link(GAP + '.md', rows, rep['name'], from_root)} ({rep['date']}) | "
+                     f"**{rep['geomean']:.3f}** ({rep['target']['geomean']:g}) | "
+                     f"{rep['rows_below_floor']} of {rep['rows']} below {rep['target']['floor']:g} | "
+                     + (f"{worst['case']} {worst['ratio']:.3f}" if worst else "-")
+                     + f" | {rep['geomean_ceiling']:.3f} |")
+    return lines
+
+
+def section_targets() -> list[str]:
+    return [f"Raw: {link(GAP + '.json')} (the analysis), {link(GAP + '.md')} (every row); "
+            f"command: `{GAP_COMMAND}`. Ratio = best peer µs / ours, above 1 is faster; the best peer is the "
+            "fastest of QuACK (tuned and untuned) and INT21 in each row, timed in the same process.", "",
+            *targets_table(), "",
+            f"The bench it reads, `{RESULTS}/bench/rmsnorm-h200.json`, joins the three side-by-side benches below "
+            f"(`kernel-factory bench --from ... --out {RESULTS}/bench --stem rmsnorm-h200`)."]
+
+
+def section_benches(benches: Sequence[Bench] = BENCHES) -> list[str]:
+    lines = []
+    for b in benches:
+        result = bench_suite.read(b.json)
+        means = dict(bench_report.geomeans(result))
+        fp = result["fingerprint"]
+        others = "; ".join(f"{label[3:]} {value:.3f}" for label, value in means.items()
+                           if label != "vs best peer" and value is not None)
+        md = str(Path(b.json).with_suffix(".md"))
+        head, mean = (1, line_of(md, "Timing:")), line_of(md, "Geomean of the ratios")
+        lines += [f"**{b.label}** ({link(md, head, fp.get('gpu', '?'))}, {str(fp.get('date', '?'))[:10]}; raw "
+                  f"`{b.json}`; command: `{b.command}`): geomean vs best peer "
+                  f"**{bench_report.fmt(means['vs best peer'])}**, copy bandwidth {result['copy_gbps']:.0f} GB/s. "
+                  f"{link(md, (mean, mean), 'Geomean of baseline µs / ours')}: {others}.", ""]
+    return lines + ["The torch.compile figures are not torch.compile's: the baseline compiled one function for "
+                    "every shape and ran eager code past dynamo's recompile limit. They wait for a re-measure."]
+
+
+def section_faults() -> list[str]:
+    data = json.loads(Path(FAULTS).read_text())
+    rows = [faults.Row(**{k: v for k, v in r.items() if k != "right"}) for r in data["rows"]]
+    fp = data["fingerprint"]
+    return [f"Raw: {link(FAULTS)}, with each status's message; command: `kernel-factory faults --out {FAULTS}` on "
+            f"{fp.get('gpu', '?')}, {str(fp.get('date', '?'))[:10]}. One batch of deliberate faults with good kernels "
+            "between them, in this order, through the real GPU evaluator:", "",
+            "| fault | threads | expected | got | GPU s |", "|---|---|---|---|---|",
+            *(f"| {r.fault} | {r.threads} | {r.expected} | {r.got}{'' if r.right else ' (WRONG)'} | {r.gpu_s:.2f} |"
+              for r in rows), "",
+            f"{sum(r.right for r in rows)} of {len(rows)} got the expected status; the worker restarted "
+            f"{data['restarts']} times."]
+
+
+def section_more() -> list[str]:
+    return [f"- Search efficiency on the recorded space: {link(RESULTS + '/efficiency/search-efficiency.md')} and "
+            f"{link(RESULTS + '/efficiency/search-efficiency-population24.md')} "
+            "(`python -m kernel_factory.evo.tools.efficiency`). Under review: the table does not reproduce at "
+            "today's code, and its population was tuned on the same recording.",
+            "- The recording the quickstart replays: [problems/recorded/](../problems/recorded/README.md).",
+            "- The H200 run journals that `gap` reads: [results/journals/](results/journals/)."]
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("Targets: ours against the best peer", section_targets),
+    Section("Side-by-side benches", section_benches),
+    Section("The evaluator's fault suite", section_faults),
+    Section("More raw results", section_more),
+)
+
+
+def page(sections: Sequence[Section] = SECTIONS) -> str:
+    lines = ["# Results", "",
+             "Generated by `kernel-factory report` from the committed raw files under `docs/results/`; do not edit "
+             "by hand (a test regenerates it and compares). Every table and paragraph with a number links the raw "
+             "file the number is in; [results/README.md](results/README.md) says what each file is and the "
+             "command that made it. Nothing on this page was timed to write it.", ""]
+    for s in sections:
+        lines += [f"## {s.title}", "", *s.render(), ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write(out: str | Path = OUT) -> Path:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page())
+    return path
