@@ -1,7 +1,6 @@
 """The `kernel-factory` command: run, resume, record, problems, lineage, export, bench, gap, report, faults, genes,
-ui.
-Bad input ends in one line naming the problem and a non-zero exit, never a traceback; what a run measured before an
-error or Ctrl-C stays in its journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes its report of the
+ui. Bad input ends in one line naming the problem and a non-zero exit, never a traceback; what a run measured before
+an error or Ctrl-C stays in its journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes its report of the
 cases it measured."""
 from __future__ import annotations
 
