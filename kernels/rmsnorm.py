@@ -285,7 +285,8 @@ def _check_fwd(x, weight, bias, residual, out_dtype, residual_dtype, eps, weight
             _fail(f"Weight must be float32, float16 or bfloat16: {name} is "
                   f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
         if tuple(t.shape) != want:
-            _fail(f"{name} has shape {tuple(t.shape)}; expected {want} for x of shape {tuple(x.shape)}"
+            _fail(f"Mismatched mW.shape[0]: {name} has shape {tuple(t.shape)}; expected {want} for x of shape "
+                  f"{tuple(x.shape)}"
                   + (" (per-head weights are (H, D) on x (..., H, D))" if per_head else ""))
         if t.get_device() != x.get_device() or t.is_meta != x.is_meta:   # ints: cheaper than device objects
             _fail(f"{name} is on {t.device} but x is on {x.device}; put them on the same device")
@@ -347,6 +348,29 @@ def rmsnorm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] =
     out, residual_out, _ = rmsnorm_fwd(x, weight, bias, residual, out_dtype, residual_dtype, eps, False,
                                        weight_offset)
     return (out, residual_out) if prenorm else out
+
+
+def rmsnorm_ref(x: Tensor, w: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                residual: Optional[Tensor] = None, eps: float = 1e-6, weight_offset: float = 0.0):
+    """The formula in fp32 torch (QuACK's reference's contract): out in x's dtype, and (out, h in the residual's
+    dtype) when a residual is given. Differentiable; for checking the op."""
+    h = x.float() if residual is None else x.float() + residual.float()
+    out = h * torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + eps)
+    if w is not None:
+        out = out * (w.float() + weight_offset)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype) if residual is None else (out.to(x.dtype), h.to(residual.dtype))
+
+
+def rmsnorm_bwd_ref(x: Tensor, w: Optional[Tensor], dout: Tensor, rstd: Tensor, eps: float = 1e-6,
+                    weight_offset: float = 0.0) -> tuple[Tensor, Optional[Tensor]]:
+    """The backward formula in fp32 torch for rows x (M, N): (dx in x's dtype, dw in w's dtype or None)."""
+    x_hat = x.float() * rstd.float().unsqueeze(-1)
+    g = dout.float() * (w.float() + weight_offset) if w is not None else dout.float()
+    dx = (g - x_hat * (x_hat * g).mean(dim=-1, keepdim=True)) * rstd.float().unsqueeze(-1)
+    dw = (dout.float() * x_hat).sum(dim=0).to(w.dtype) if w is not None else None
+    return dx.to(x.dtype), dw
 
 
 class RMSNorm(torch.nn.RMSNorm):

@@ -183,7 +183,7 @@ def test_per_head_weights_for_qk_norm(x_dt):
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda x: op.rmsnorm_fwd(x, torch.ones(17)), r"weight has shape \(17,\); expected \(16,\)"),
+    (lambda x: op.rmsnorm_fwd(x, torch.ones(17)), r"Mismatched mW.shape\[0\]: weight has shape \(17,\); expected \(16,\)"),
     (lambda x: op.rmsnorm_fwd(x.to(torch.int32)), "Unsupported dtype: x is torch.int32"),
     (lambda x: op.rmsnorm_fwd(x.double()), "Unsupported dtype: x is torch.float64"),
     (lambda x: op.rmsnorm_fwd(x, torch.ones(16, dtype=torch.float64)), "Weight must be float32, float16 or bf"),
@@ -327,3 +327,20 @@ def test_recipes_say_what_they_cannot_evaluate():
         recipe.value(["add", "K", 1], {"M": 1})
     assert recipe.value(["if", ["le", "M", 3], ["cdiv", "M", 2], ["div", 1, 0]], {"M": 3}) == 2
     assert [recipe.alignment(a) for a in (0, 1, 6, 8, 24, 4096)] == [16, 1, 2, 8, 8, 16]
+
+
+def test_reference_functions_match_the_formula():
+    x, w, b, res = tensors((5, 48), torch.bfloat16, torch.float32, torch.float32, torch.float32, seed=16)
+    out, h = op.rmsnorm_ref(x, w, b, res, eps=1e-5, weight_offset=0.5)
+    want, want_h, rstd = formula(x.double(), w.double() + 0.5, b.double(), res.double(), eps=1e-5)
+    close(out, want)
+    assert h.dtype == res.dtype
+    torch.testing.assert_close(h.double(), want_h)
+    g = torch.Generator().manual_seed(17)
+    x2, dout = torch.randn(5, 48, generator=g), torch.randn(5, 48, generator=g)
+    rstd2 = torch.rsqrt(x2.square().mean(dim=-1) + 1e-6)
+    dx, dw = op.rmsnorm_bwd_ref(x2, w, dout, rstd2, weight_offset=0.5)
+    xr, wr = f64(x2), f64(w)
+    formula(xr, wr + 0.5)[0].backward(dout.double())
+    torch.testing.assert_close(dx.double(), xr.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(dw.double(), wr.grad, atol=1e-4, rtol=1e-4)
