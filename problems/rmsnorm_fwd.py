@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..evo.compiled import compiled_for
 from ..evo.inputs import plant_special_rows
 from ..evo.protocols import Launch, MissingBaseline, launch_from_recipe, recipe_names
 from ..evo.types import Case, Gene, GeneSpace, GeneValue
@@ -247,7 +248,8 @@ class RmsNormForward:
             wx = w.to(x.dtype)
             return lambda: {"y": torch.nn.functional.rms_norm(x, (n,), wx, EPS)}
         if name == "torch_compile":
-            fn = torch.compile(_compiled_reference, dynamic=False)
+            # Compiled per case, and every call checked to have run the compiled graph (evo/compiled.py).
+            fn = compiled_for(_compiled_reference, f"{case.key}@{x.device}")
             return lambda: {"y": fn(x, w)}
         if name == "quack":
             quack = _peer("quack.rmsnorm", "rmsnorm_fwd")
