@@ -35,6 +35,13 @@ def mismatch(out: Any, ref: Any, atol: float, rtol: float, label: str) -> str | 
     return None
 
 
+def tolerance_of(problem: Any, name: str, dtype: str) -> tuple[float, float]:
+    """(atol, rtol) for one output: the problem's output_tolerance(name, dtype) where it declares one (an fp32
+    statistic such as rstd, held to its own scale), else its dtype's tolerance. docs/tolerances.md says why."""
+    per_output = getattr(problem, "output_tolerance", None)
+    return (per_output(name, dtype) if per_output is not None else None) or problem.tolerance(dtype)
+
+
 @dataclass(frozen=True)
 class Timing:
     median_us: float
