@@ -34,6 +34,9 @@ class SurrogateConfig:
     min_history: int = 12          # successful evaluations needed before the model is trusted
 
 
+LEARN_FROM = ("same_kind", "any")
+
+
 @dataclass(frozen=True)
 class WarmStartConfig:
     enabled: bool = True           # seed the first population from earlier runs of the same problem and GPU
@@ -60,6 +63,9 @@ class SearchConfig:
     lessons: bool = True                  # forbid or down-weight gene values that history shows fail or never help
     surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    # Which earlier runs teach this one (warm start, credit, lessons, surrogate): "same_kind" -- live runs learn
+    # from live runs on the same GPU model, replays from replays of the same recording; "any": both kinds.
+    learn_from: str = "same_kind"
     operators: Mapping[str, OperatorConfig] = field(default_factory=lambda: {
         "gene_mutation": OperatorConfig(0.5),
         "uniform_crossover": OperatorConfig(0.3),
@@ -265,6 +271,9 @@ def _check_ranges(cfg: RunConfig) -> None:
                           f"in [0, 1]; got {s.surrogate.oversample}, {s.surrogate.explore}")
     if s.warm_start.count < 0:
         raise ConfigError(f"config key 'search.warm_start.count' must be >= 0, got {s.warm_start.count}")
+    if s.learn_from not in LEARN_FROM:
+        raise ConfigError(f"config key 'search.learn_from' must be one of {', '.join(LEARN_FROM)}; "
+                          f"got {s.learn_from!r}")
     if cfg.evaluator.kind not in ("auto", "gpu", "replay"):
         raise ConfigError(f"config key 'evaluator.kind' must be one of auto, gpu, replay; got {cfg.evaluator.kind!r}")
 

@@ -94,10 +94,13 @@ def acceptance(lessons: Sequence[Lesson], genes: Mapping[str, GeneValue]) -> tup
     return worst
 
 
-def to_markdown(lessons: Sequence[Lesson], problem: str, gpu: str, records: int, credit_rows: Sequence[str]) -> str:
-    lines = [f"# Lessons for {problem} on {gpu}", "",
-             f"Learned from {records} evaluated candidates (this run and earlier runs of the same problem and GPU).",
-             "", "## Forbidden (every evaluation failed the same way)", ""]
+def to_markdown(lessons: Sequence[Lesson], problem: str, gpu: str, records: int, credit_rows: Sequence[str],
+                replay: str = "") -> str:
+    """lessons.md; `replay` (protocols.replay_note) heads it when every evaluation was replayed from a recording."""
+    lines = [f"# Lessons for {problem} on {gpu}" + (" (replayed)" if replay else ""), ""]
+    lines += [f"> {replay}.", ""] if replay else []
+    lines += [f"Learned from {records} evaluated candidates (this run and earlier runs of the same problem and GPU).",
+              "", "## Forbidden (every evaluation failed the same way)", ""]
     lines += [f"- {l.text()}" for l in lessons if l.action == "forbid"] or ["- none"]
     lines += ["", f"## Avoided (kept with probability {AVOID_ACCEPT}: never improved on its parent)", ""]
     lines += [f"- {l.text()}" for l in lessons if l.action == "avoid"] or ["- none"]

@@ -74,9 +74,22 @@ def _record(run: Any, space: GeneSpace, parent_run_id: str) -> Record | None:
                   float(metrics.get("fitness", 0.0)), float(metrics.get("gpu_s", 0.0)), parent_run_id)
 
 
+def source_filter(kind: str, gpu: str, recording: str, learn_from: str = "same_kind") -> str:
+    """Which earlier runs may teach a run of this evaluator kind: live runs learn from live runs on the same GPU
+    model, replays only from replays of the same recording (a replay measured nothing here, so it must never teach
+    a live run). learn_from="any" drops the condition (cases and baseline still have to match)."""
+    if learn_from == "any":
+        return ""
+    if kind == "replay":
+        return f" and tags.`kf.evaluator` = 'replay' and tags.`kf.recording` = '{recording}'"
+    return f" and tags.`kf.evaluator` = '{kind}' and tags.`kf.env.gpu` = '{gpu}'"
+
+
 def load_prior(store: str | Path, experiment: str, space: GeneSpace, gpu: str, key: str,
-               exclude_run: str) -> list[Record]:
-    """Candidates of earlier runs of this experiment on the same GPU model, cases and baseline, oldest run first."""
+               exclude_run: str, kind: str = "gpu", recording: str = "", learn_from: str = "same_kind"
+               ) -> list[Record]:
+    """Candidates of earlier runs of this experiment on the same cases and baseline, and of the same evaluator kind
+    (source_filter), oldest run first."""
     if not Path(store).is_file():
         return []
     client, _ = open_store(store)
@@ -84,8 +97,8 @@ def load_prior(store: str | Path, experiment: str, space: GeneSpace, gpu: str, k
     if exp is None:
         return []
     parents = search_all(client, exp.experiment_id,
-                         f"tags.`kf.kind` = 'evolution' and tags.`kf.cases_key` = '{key}' "
-                         f"and tags.`kf.env.gpu` = '{gpu}'")
+                         f"tags.`kf.kind` = 'evolution' and tags.`kf.cases_key` = '{key}'"
+                         + source_filter(kind, gpu, recording, learn_from))
     out: list[Record] = []
     for parent in sorted(parents, key=lambda r: r.info.start_time):
         run_id = parent.data.tags.get("kf.run_id", "")

@@ -229,6 +229,17 @@ class EvaluatorInfo:
     label: str                       # one human line, e.g. "replay of H200 measurements recorded 2026-11-30"
     fingerprint: Mapping[str, str] = field(default_factory=dict)
 
+    def replay_note(self) -> str:
+        """"" for live measurements; for a replay, the one line every place that shows its numbers carries."""
+        return replay_note(self.kind, self.label)
+
+
+def replay_note(kind: str, label: str) -> str:
+    """The label of replayed numbers: recorded earlier, on another machine; nothing ran in this run."""
+    if kind != "replay":
+        return ""
+    return f"REPLAY: recorded measurements ({label}); no kernel ran in this run"
+
 
 @runtime_checkable
 class Evaluator(Protocol):

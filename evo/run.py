@@ -7,6 +7,7 @@ twice, and continues past the point where the run was killed."""
 from __future__ import annotations
 
 import json
+import platform
 import random
 import uuid
 from dataclasses import replace
@@ -55,15 +56,16 @@ class JournalCache:
         self.inner.close()
 
 
-def _prior(cfg: RunConfig, run: build.Run, gpu: str, key: str, run_id: str) -> list[Record]:
+def _prior(cfg: RunConfig, run: build.Run, kind: str, fingerprint: dict, key: str, run_id: str) -> list[Record]:
     """Earlier runs' candidates from the MLflow store (only when MLflow tracking is on and something uses them)."""
     s = cfg.search
     wanted = s.policy == "bandit" or s.lessons or s.surrogate.enabled or s.warm_start.enabled
     if "mlflow" not in cfg.observers or not wanted:
         return []
     from .prior import load_prior   # imports mlflow: only when earlier runs are read
-    return load_prior(cfg.tracking.store, cfg.tracking.experiment or run.problem.name, run.problem.space, gpu, key,
-                      run_id)
+    return load_prior(cfg.tracking.store, cfg.tracking.experiment or run.problem.name, run.problem.space,
+                      fingerprint.get("gpu", ""), key, run_id, kind, fingerprint.get("recording", ""),
+                      cfg.search.learn_from)
 
 
 def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> RunSummary:
@@ -77,7 +79,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
         evaluator = JournalCache(evaluator, journal.read(folder / journal.NAME).known())
         prior = [Record.from_json(json.loads(line)) for line in (folder / PRIOR_FILE).read_text().splitlines()]
     else:
-        prior = _prior(cfg, run, evaluator.info.fingerprint.get("gpu", ""), key, run_id)
+        prior = _prior(cfg, run, kind, dict(evaluator.info.fingerprint), key, run_id)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / PRIOR_FILE).write_text("".join(json.dumps(r.to_json()) + "\n" for r in prior))
     history = History(prior)
@@ -90,6 +92,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     resolved = replace(cfg, dtypes=tuple(sorted({c.dtype for c in run.cases})),
                        evaluator=replace(cfg.evaluator, kind=kind, baseline=run.baseline))
     fingerprint = dict(evaluator.info.fingerprint) | ({"why_replay": why_not_gpu} if why_not_gpu else {})
+    fingerprint["ran_on_host"] = platform.node()   # a replay's other keys describe the recording's machine
     info = RunInfo(run_id, run.problem.name, cfg.seed, resolved.to_json(),
                    replace(evaluator.info, fingerprint=fingerprint), run.cases, cfg.out_dir, key,
                    tuple(g.id for g in seeds), len(prior), resume)
@@ -102,7 +105,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
                          run_id, history, seeds)
         summary = replace(summary, lessons=to_markdown(
             proposer.lessons, run.problem.name, fingerprint.get("gpu", "?"), len(history.records()),
-            credit.report(credit.by_operator(history.outcomes()))))
+            credit.report(credit.by_operator(history.outcomes())), info.evaluator.replay_note()))
     finally:
         evaluator.close()
         if summary is None:   # interrupted: still close the observers with what was measured

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..evo.compiled import compiled_for
 from ..evo.protocols import Launch, MissingBaseline, launch_from_recipe, recipe_names, recipe_value
 from ..evo.types import Case, Gene, GeneSpace, GeneValue
 from ..kernels import templates
@@ -347,7 +348,8 @@ class RmsNormBackward:
             y = torch.nn.functional.rms_norm(xr, (n,), wr, EPS)
             return lambda: dict(zip(("dx", "dw"), torch.autograd.grad(y, (xr, wr), dy, retain_graph=True)))
         if name == "torch_compile":
-            fn = torch.compile(_compiled_backward, dynamic=False)
+            # Compiled per case, and every call checked to have run the compiled graph (evo/compiled.py).
+            fn = compiled_for(_compiled_backward, f"{case.key}@{x.device}")
             return lambda: dict(zip(("dx", "dw"), fn(x, w, dy, rstd)))
         if name in ("quack", "quack_tuned"):
             return _quack(name, x, w, dy, rstd)

@@ -61,3 +61,41 @@ def test_kt_ga_is_seeded_and_spends_its_budget(land, tmp_path):
     a, b, c = (efficiency.kt_trial(land, path, seed, 60) for seed in (0, 0, 1))
     assert a == b and a != c
     assert len(a) == 60 and set(a) <= set(land.genomes)
+
+
+HELD_OUT = (*efficiency.REPORT_ON, None)
+
+
+def test_the_default_report_is_on_a_recording_the_settings_were_not_tuned_on():
+    assert efficiency.REPORT_ON[0] != efficiency.TUNED_ON[0]
+    land = efficiency.landscape(HELD_OUT)
+    text = efficiency.report({"random": [efficiency.random_trial(land, 0)]}, land, 40, 1, 0.0, 1, HELD_OUT)
+    assert "held out" in text and "in-sample" not in text
+    tuned = efficiency.landscape()
+    text = efficiency.report({"random": [efficiency.random_trial(tuned, 0)]}, tuned, 40, 1, 0.0, 1)
+    assert "in-sample, not a held-out measure" in text
+
+
+def test_a_small_case_gives_pinned_numbers(tmp_path):
+    """Softmax bf16, seeds 0-1, budget 30: every number of the table is reproducible from the seeds alone."""
+    land = efficiency.landscape(HELD_OUT)
+    assert len(land.fitness) == 40 and sum(f >= land.target for f in land.fitness.values()) == 1
+    results = {"random": [efficiency.random_trial(land, s) for s in (0, 1)],
+               "loop-cold": [efficiency.loop_trial("loop-cold", s, 30, HELD_OUT) for s in (0, 1)]}
+    cols = efficiency.columns(results, land, 30)
+    inf = float("inf")
+    assert cols["random"] == ([21.0, inf], [30, 30])
+    assert cols["loop-cold"] == ([3.0, 16.0], [30, 30])
+    lines = efficiency.table(results, land, 30)
+    assert "| loop-cold | 9.5 | 6.2 to 12.8 | 3 to 16 | 2/2 | 30 | n/a | n/a |" in lines
+
+
+def test_the_report_goes_to_a_new_folder_and_never_overwrites(tmp_path, monkeypatch, capsys):
+    import datetime
+    out = efficiency.default_out(HELD_OUT, datetime.datetime(2026, 12, 1, 21, 0, 0))
+    assert out.parts[:2] == ("runs", "efficiency") and out.parent.name == "softmax_fwd-bfloat16-20261201-210000"
+    existing = tmp_path / "table.md"
+    existing.write_text("committed evidence")
+    with pytest.raises(SystemExit):
+        efficiency.main(["--out", str(existing), "--methods", "random", "--seeds", "1"])
+    assert existing.read_text() == "committed evidence" and "never overwrites" in capsys.readouterr().err

@@ -53,9 +53,38 @@ def stale(ins, outs):
     honest(ins, outs)
 
 
+def rstd_off_on_big_rows(ins, outs):
+    honest(ins, outs)
+    r = outs["rstd"]
+    r[r < 1e-2] *= 1.2   # rows of large magnitude (rstd ~1e-2 and below): under bf16's absolute atol of 1e-3
+
+
+def rstd_zero_on_big_rows(ins, outs):
+    honest(ins, outs)
+    r = outs["rstd"]
+    r[r < 1e-2] = 0.0
+
+
+def rstd_off_everywhere(ins, outs):
+    honest(ins, outs)
+    outs["rstd"].mul_(1.2)
+
+
+def x_past_end(ins, outs):
+    honest(ins, outs)
+    x = ins["x"]
+    torch.as_strided(x, (x.numel() + 1,), (1,))[-1] = 1.0   # one element beyond the input buffer
+
+
+def w_past_end(ins, outs):
+    honest(ins, outs)
+    w = ins["w"]
+    torch.as_strided(w, (1,), (1,), w.storage_offset() + w.numel() + 2).fill_(5.0)
+
+
 def racy(ins, outs):
     honest(ins, outs)
-    noise = torch.randint(0, 2, (1,)).item() * 1e-3   # within tolerance, but not reproducible
+    noise = torch.randint(0, 2, (1,)).item() * 1e-4   # within tolerance, but not reproducible
     outs["rstd"].add_(noise * outs["rstd"])
 
 
@@ -93,6 +122,8 @@ def test_an_honest_kernel_passes_every_launch():
     (half_rows, "non-finite"), (past_end, "after it"), (before_start, "before it"),
     (scribbles_input, "input 'x' was modified"), (nan_once, "non-finite"),
     (stale, "second call on the same buffers"), (eps_only_when_nonzero, "special rows"), (saturating_load, "special rows"),
+    (rstd_off_on_big_rows, "rstd"), (rstd_zero_on_big_rows, "rstd"), (rstd_off_everywhere, "rstd"),
+    (x_past_end, "wrote outside input 'x'"), (w_past_end, "wrote outside input 'w'"),
 ])
 def test_each_cheat_is_caught(kernel, words):
     bad = check(kernel)
@@ -137,3 +168,22 @@ def test_reference_stays_finite_on_special_rows():
         for shape in ((17, 760), (5, 33), (9, 262144)):
             ref = rmsnorm.reference(rmsnorm.special_inputs(Case(shape, dtype), 4, "cpu"))
             assert all(bool(torch.isfinite(v).all()) for v in ref.values()), (dtype, shape)
+
+
+def test_rstd_is_held_to_its_own_scale_in_every_dtype():
+    for dtype in ("bfloat16", "float16", "float32"):
+        bad = check(rstd_off_on_big_rows, Case((17, 760), dtype))
+        assert bad is not None and "rstd" in bad, (dtype, bad)
+        assert check(honest, Case((17, 760), dtype)) is None
+
+
+def test_timed_outputs_are_sampled_fresh_with_both_ends_and_a_stripe():
+    m = 32768
+    a, b = gate.sample_rows(m, random.Random(1)), gate.sample_rows(m, random.Random(2))
+    assert a != b, "two candidates must not share one sample"
+    for rows in (a, b):
+        assert len(rows) == 256 and len(set(rows)) == 256 and all(0 <= r < m for r in rows)
+        assert set(range(8)) <= set(rows) and set(range(m - 8, m)) <= set(rows)
+        runs = [r for r in rows if r - 1 in rows]
+        assert len(runs) >= 63 + 7 + 7, "a contiguous stripe of 64 rows besides the ends"
+    assert gate.sample_rows(100, random.Random(0)) == list(range(100))

@@ -74,3 +74,7 @@ class SeenBinaries:
 
     def remember(self, key: str, result: EvalResult) -> None:
         self._first.setdefault(key, result)
+
+    def forget(self) -> None:
+        """Drop every remembered result: the next evaluation of any binary runs on the GPU again."""
+        self._first.clear()

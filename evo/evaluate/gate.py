@@ -26,19 +26,27 @@ GUARD_BYTES = 4096   # canary bytes before and after every output buffer (a mult
 
 
 class Guarded:
-    """Output tensors carved out of larger buffers whose ends hold random canary bytes."""
+    """Tensors carved out of larger buffers whose ends hold random canary bytes: the outputs (fresh, to be
+    written), or the inputs (copy=True: the views hold the inputs' values), so that a write just past either
+    end of any tensor a kernel touches is seen. Non-tensor entries pass through unguarded."""
 
-    def __init__(self, outputs: Mapping[str, Any], gen: Any):
+    def __init__(self, outputs: Mapping[str, Any], gen: Any, copy: bool = False):
         import torch
+        self.what = "input" if copy else "output"
         self.views: dict[str, Any] = {}
         self._buffers: list[tuple[str, Any, Any, int]] = []
         for name, t in outputs.items():
+            if not hasattr(t, "element_size"):
+                self.views[name] = t
+                continue
             size = t.element_size()
             pad = GUARD_BYTES // size
             buf = torch.empty(t.numel() + 2 * pad, dtype=t.dtype, device=t.device)
             raw = buf.view(torch.uint8)
             raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen, device=t.device))
             self.views[name] = buf[pad:pad + t.numel()].view(t.shape)
+            if copy:
+                self.views[name].copy_(t)
             self._buffers.append((name, buf, raw.clone(), pad))
 
     def violations(self) -> str | None:
@@ -52,7 +60,7 @@ class Guarded:
                 if changed.numel():
                     first = int(changed[0]) + lo
                     where = (head - first) if label == "before" else (first - tail)
-                    return (f"wrote outside output {name!r}: {changed.numel()} canary bytes changed {label} it, "
+                    return (f"wrote outside {self.what} {name!r}: {changed.numel()} canary bytes changed {label} it, "
                             f"nearest at byte {where if label == 'after' else -where} past its "
                             f"{'end' if label == 'after' else 'start'}")
         return None
@@ -97,34 +105,35 @@ class Gate:
     def compare(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any], label: str) -> str | None:
         ref = self.problem.reference(inputs)
         self.checked = set(ref)
-        atol, rtol = self.problem.tolerance(case.dtype)
         for name, want in ref.items():
+            atol, rtol = measure.tolerance_of(self.problem, name, case.dtype)
             bad = measure.mismatch(outputs[name], want, atol, rtol, f"{case.key} {label} {name}")
             if bad:
                 return bad
         return None
 
-    def run_once(self, case: Case, inputs: Mapping[str, Any], guarded: Guarded, label: str, *,
+    def run_once(self, case: Case, inputs: Guarded, guarded: Guarded, label: str, *,
                  poisoned: bool = True) -> str | None:
         if poisoned:
             poison(guarded.views)
-        saved = snapshot(inputs)
-        self.launch(inputs, guarded.views)
-        return (guarded.violations() or changed_inputs(inputs, saved)
-                or self.compare(case, inputs, guarded.views, label))
+        saved = snapshot(inputs.views)
+        self.launch(inputs.views, guarded.views)
+        return (guarded.violations() or inputs.violations() or changed_inputs(inputs.views, saved)
+                or self.compare(case, inputs.views, guarded.views, label))
 
     def check(self, case: Case, rng: random.Random) -> str | None:
         import torch
         p = self.problem
         seed_a, *later = (rng.randrange(2**31) for _ in range(max(2, self.seeds)))
         seed_c = rng.randrange(2**31)
-        inputs = p.make_inputs(case, seed_a, self.device)
-        guarded = Guarded(p.make_outputs(case, self.device), torch.Generator(device=self.device).manual_seed(seed_a))
+        gen = torch.Generator(device=self.device).manual_seed(seed_a)
+        inputs = Guarded(p.make_inputs(case, seed_a, self.device), gen, copy=True)
+        guarded = Guarded(p.make_outputs(case, self.device), gen)
         bad = self.run_once(case, inputs, guarded, f"seed {seed_a}")
         if bad:
             return bad
         for seed_b in later:
-            refill(inputs, p.make_inputs(case, seed_b, self.device))
+            refill(inputs.views, p.make_inputs(case, seed_b, self.device))
             bad = self.run_once(case, inputs, guarded, f"seed {seed_b}, second call on the same buffers",
                                 poisoned=False)
             if bad:
@@ -136,9 +145,23 @@ class Gate:
             if bad:
                 return f"{case.key}: {bad}" if not bad.startswith(case.key) else bad
         if isinstance(p, SpecialInputs):
-            refill(inputs, p.special_inputs(case, seed_c, self.device))
+            refill(inputs.views, p.special_inputs(case, seed_c, self.device))
             return self.run_once(case, inputs, guarded, f"special rows (seed {seed_c})")
         return None
+
+
+def sample_rows(m: int, rng: random.Random, count: int = 256, edge: int = 8, stripe: int = 64) -> list[int]:
+    """Rows of an M-row output to re-check after timing, drawn fresh from rng (per candidate, so that no kernel
+    can be tuned to a fixed sample): the first and last `edge` rows (where tails and off-by-ones land), one
+    contiguous random stripe (a CTA's or a persistent wave's neighbourhood) and random rows up to `count`."""
+    if m <= count:
+        return list(range(m))
+    rows = set(range(edge)) | set(range(m - edge, m))
+    start = rng.randrange(m - stripe + 1)
+    rows |= set(range(start, start + stripe))
+    rest = [r for r in rng.sample(range(m), min(m, count + len(rows))) if r not in rows]
+    rows |= set(rest[:max(0, count - len(rows))])
+    return sorted(rows)
 
 
 def refill(inputs: Mapping[str, Any], fresh: Mapping[str, Any]) -> None:

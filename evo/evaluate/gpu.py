@@ -262,6 +262,12 @@ class GpuEvaluator:
             out.append(rec)
         return out
 
+    def measure_again(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
+        """evaluate() without the binary reuse: every candidate is gated and timed on the GPU again, even one this
+        evaluator already ran (how a test checks that two measurements of one kernel agree)."""
+        self.seen.forget()
+        return self.evaluate(candidates)
+
     @property
     def restarts(self) -> int:
         return self.worker.restarts

@@ -35,6 +35,13 @@ def mismatch(out: Any, ref: Any, atol: float, rtol: float, label: str) -> str | 
     return None
 
 
+def tolerance_of(problem: Any, name: str, dtype: str) -> tuple[float, float]:
+    """(atol, rtol) for one output: the problem's output_tolerance(name, dtype) where it declares one (an fp32
+    statistic such as rstd, held to its own scale), else its dtype's tolerance. docs/tolerances.md says why."""
+    per_output = getattr(problem, "output_tolerance", None)
+    return (per_output(name, dtype) if per_output is not None else None) or problem.tolerance(dtype)
+
+
 @dataclass(frozen=True)
 class Timing:
     median_us: float
@@ -184,6 +191,8 @@ def fingerprint(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     except Exception as exc:  # the fingerprint must never stop a measurement
         info["cuda_python"] = f"unavailable: {exc!r}"[:200]
     info.update(package_versions())
+    info.update(peer_versions())
+    info.update(compiler_versions())
     info.update(extra or {})
     return info
 
@@ -200,4 +209,74 @@ def package_versions() -> dict[str, str]:
             out[f"pkg.{name}"] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[f"pkg.{name}"] = "absent"
+    return out
+
+
+# The peers a bench compares against, by import name: what ran is the code that import finds, which may be a
+# source checkout (INT21's kernels are built from one), so each is recorded by distribution version and by the
+# git commit of the folder it was imported from.
+PEERS = {"int21": "rmsnorm", "quack": "quack", "liger": "liger_kernel"}
+
+
+def peer_versions(peers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """peer.<name>: where its import name resolves, its distribution's version, and the source commit of that
+    folder (with "+dirty" for uncommitted changes). Found without importing it (an import may JIT-build)."""
+    import importlib.util
+    from importlib import metadata
+    dists = metadata.packages_distributions()
+    out = {}
+    for peer, module in (peers or PEERS).items():
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not (spec.origin or spec.submodule_search_locations):
+            out[f"peer.{peer}"] = f"absent (no module {module})"
+            continue
+        where = spec.origin if spec.origin not in (None, "namespace") else list(spec.submodule_search_locations)[0]
+        versions = []
+        for dist in dists.get(module, []):
+            try:
+                versions.append(f"{dist} {metadata.version(dist)}")
+            except metadata.PackageNotFoundError:
+                pass
+        commit = source_commit(where)
+        out[f"peer.{peer}"] = "; ".join([f"module {module} at {where}", *versions,
+                                         f"commit {commit}" if commit else "no git checkout"])
+    return out
+
+
+def source_commit(path: str) -> str:
+    """The git commit of the checkout that holds path (+dirty when it has uncommitted changes), or ""."""
+    import os
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    try:
+        head = subprocess.run(["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return ""
+        dirty = subprocess.run(["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def compiler_versions() -> dict[str, str]:
+    """The compilers that build the peers' code here: nvcc and the host C++ compiler (INT21's JIT extension via
+    torch), Triton (Liger), the CUTLASS DSL (QuACK) and torch's CUDA; "absent" where there is none."""
+    from importlib import metadata
+    out = {}
+    for name, cmd in (("nvcc", ["nvcc", "--version"]), ("cxx", ["c++", "--version"])):
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            lines = [line for line in run.stdout.splitlines() if line.strip()]
+            release = [line for line in lines if "release" in line]   # nvcc: "... release 13.0, V13.0.88"
+            out[f"compiler.{name}"] = (release or lines)[0].strip() if run.returncode == 0 and lines else "absent"
+        except (OSError, subprocess.SubprocessError):
+            out[f"compiler.{name}"] = "absent"
+    for dist in ("triton", "nvidia-cutlass-dsl"):
+        try:
+            out[f"compiler.{dist}"] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[f"compiler.{dist}"] = "absent"
     return out

@@ -49,11 +49,15 @@ class Pool:
 
     def __init__(self, problem: Problem, case: Case):
         import torch
+        gen = torch.Generator("cuda").manual_seed(7)
         first = problem.make_inputs(case, seed=12345, device="cuda")
         size = sum(t.numel() * t.element_size() for t in first.values() if hasattr(t, "numel"))
-        self.inputs = [first] + ([problem.make_inputs(case, seed=54321, device="cuda")]
-                                 if size < ROTATE_BELOW_BYTES else [])
-        self.guarded = gate.Guarded(problem.make_outputs(case, "cuda"), torch.Generator("cuda").manual_seed(7))
+        sets = [first] + ([problem.make_inputs(case, seed=54321, device="cuda")] if size < ROTATE_BELOW_BYTES else [])
+        # Inputs fenced by canaries too: a write past the end of x or w during timing is seen after it.
+        self.input_guards = [gate.Guarded(s, gen, copy=True) for s in sets]
+        self.inputs = [g.views for g in self.input_guards]
+        del first, sets
+        self.guarded = gate.Guarded(problem.make_outputs(case, "cuda"), gen)
         self.checksums = [checksum(i) for i in self.inputs]
         self.nbytes = size * len(self.inputs)
 
@@ -128,7 +132,8 @@ class Bench:
         if bad:
             raise Rejected(Status.INCORRECT, bad)
 
-    def verify_sample(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any], label: str) -> None:
+    def verify_sample(self, case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any], label: str,
+                      rng: random.Random) -> None:
         """Re-check a random sample of rows of a benchmark output against the inputs that produced it.
 
         Row-wise problems by default: each output row depends only on the same input row, and tensors whose first
@@ -136,7 +141,7 @@ class Bench:
         reference_rows(inputs, rows) and names its row-split outputs in row_outputs; the others are compared whole."""
         torch, p = self.torch, self.problem
         m = case.shape[0]
-        rows = sorted(set(random.Random(case.key).sample(range(m), min(m, BENCH_SAMPLE_ROWS)) + [0, m - 1]))
+        rows = gate.sample_rows(m, rng, BENCH_SAMPLE_ROWS)   # fresh per candidate: first, last, a stripe, random
         idx = torch.tensor(rows, device="cuda")
         if isinstance(p, RowReference):
             ref, by_rows = p.reference_rows(inputs, idx), set(p.row_outputs)
@@ -145,14 +150,15 @@ class Bench:
                     for k, v in inputs.items()}
             ref = p.reference(pick)
             by_rows = {k for k in ref if outputs[k].shape[:1] == (m,)}
-        atol, rtol = p.tolerance(case.dtype)
         for name, want in ref.items():
             got = outputs[name].index_select(0, idx) if name in by_rows else outputs[name]
+            atol, rtol = measure.tolerance_of(p, name, case.dtype)
             bad = measure.mismatch(got, want, atol, rtol, f"{case.key} {label} {name}")
             if bad:
                 raise Rejected(Status.INCORRECT, bad)
 
-    def time_case(self, module: launcher.Module, genes: Mapping[str, Any], case: Case) -> measure.Timing:
+    def time_case(self, module: launcher.Module, genes: Mapping[str, Any], case: Case,
+                  rng: random.Random) -> measure.Timing:
         """Rotate through the input sets while timing; then verify the timed output, call once more on the same
         buffers after poisoning (stale results fail), and check canaries and input checksums."""
         pool = self.pool(case)
@@ -162,12 +168,13 @@ class Bench:
         timing = run_timed(self.timer, fns)
         self.sync()
         last = pool.inputs[timing.last]
-        self.verify_sample(case, last, outs, "timed output")
+        self.verify_sample(case, last, outs, "timed output", rng)
         gate.poison(outs)
         run(fns[timing.last])
         self.sync()
-        self.verify_sample(case, last, outs, "repeated call on the same buffers")
-        bad = pool.guarded.violations() or next(
+        self.verify_sample(case, last, outs, "repeated call on the same buffers", rng)
+        bad = pool.guarded.violations() or next((v for v in map(gate.Guarded.violations, pool.input_guards) if v),
+                                                None) or next(
             (f"{case.key}: benchmark input {k!r} was modified" for i, inp in enumerate(pool.inputs)
              for k, v in checksum(inp).items() if v != pool.checksums[i][k]), None)
         if bad:
@@ -180,7 +187,7 @@ class Bench:
     def roofline_recheck(self, module, genes, case: Case, rng: random.Random) -> measure.Timing:
         """A time under the roofline floor: gate the case itself in full on fresh inputs, then time it again."""
         self.gate_case(module, genes, case, rng)
-        timing = self.time_case(module, genes, case)
+        timing = self.time_case(module, genes, case, rng)
         if timing.median_us < self.floor_us(case):
             raise Rejected(Status.SUSPECT, f"{case.key}: {timing.median_us:.2f} us is below the roofline floor "
                                            f"{self.floor_us(case):.2f} us (bytes / {ROOFLINE_SLACK} x measured "
@@ -198,7 +205,7 @@ class Bench:
                 return {"status": Status.OK.value, "message": "passed the gate (not timed)"}
             times, iqrs, graphs = {}, {}, []
             for case in self.bench_cases:
-                timing = self.time_case(modules[case.dtype], genes, case)
+                timing = self.time_case(modules[case.dtype], genes, case, rng)
                 if timing.median_us < self.floor_us(case):
                     timing = self.roofline_recheck(modules[case.dtype], genes, case, rng)
                 times[case.key], iqrs[case.key] = timing.median_us, timing.iqr_us
@@ -210,6 +217,7 @@ class Bench:
     def retime(self, req: Mapping[str, Any]) -> dict[str, Any]:
         """A finalist: candidate and baseline interleaved sample by sample, with many repetitions, per case."""
         genes, reps = req["genes"], int(req.get("reps", 100))
+        rng = random.Random(f"{req['id']}:{time.time_ns()}")   # the re-check's rows: fresh for every re-timing
         modules = {dt: launcher.Module(cubin, self.problem.kernel_name) for dt, cubin in req["cubins"].items()}
         out: dict[str, dict[str, float]] = {"times_us": {}, "iqr_us": {}, "baseline_us": {}, "baseline_iqr_us": {}}
         try:
@@ -223,7 +231,7 @@ class Bench:
                 except Exception as exc:
                     raise Fatal(f"{type(exc).__name__}: {exc}") from exc
                 self.sync()
-                self.verify_sample(case, pool.inputs[0], pool.guarded.views, "re-timed output")
+                self.verify_sample(case, pool.inputs[0], pool.guarded.views, "re-timed output", rng)
                 out["times_us"][case.key], out["iqr_us"][case.key] = cand.median_us, cand.iqr_us
                 out["baseline_us"][case.key], out["baseline_iqr_us"][case.key] = ref.median_us, ref.iqr_us
         except Rejected as exc:

@@ -17,6 +17,7 @@ class ConsoleObserver:
         self.total_evals: int | None = None
         self.done = 0
         self.tty = self.out.isatty()
+        self.replay = ""   # the replay label (protocols.replay_note) the closing lines carry, "" when live
 
     def _print(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -26,6 +27,7 @@ class ConsoleObserver:
         self.total_evals = search["max_evaluations"] or search["population"] * (search["generations"] + 1)
         self._print(f"kernel-factory run {run.run_id}: problem {run.problem}, {len(run.cases)} benchmark cases, "
                     f"seed {run.seed}")
+        self.replay = run.evaluator.replay_note()
         why = run.evaluator.fingerprint.get("why_replay")
         self._print(f"evaluator: {run.evaluator.kind} - {run.evaluator.label}" + (f" (no live GPU: {why})" if why else ""))
         if run.evaluator.kind == "replay":
@@ -53,8 +55,9 @@ class ConsoleObserver:
         self._print(f"done: {summary.generations} generations, {summary.evaluations} candidates evaluated, "
                     f"stopped by {summary.stop_reason}, {summary.wall_s:.1f} s wall")
         if summary.gpu_s > 0 and summary.timed_per_gpu_minute > 0:
-            self._print(f"throughput: {summary.timed_per_gpu_minute:.0f} candidates gated and timed per GPU-minute "
-                        f"({summary.gpu_s:.1f} GPU-s; reused answers not counted)")
+            recorded = "recorded " if self.replay else ""   # a replay's GPU time was spent when it was recorded
+            self._print(f"throughput: {summary.timed_per_gpu_minute:.0f} candidates gated and timed per "
+                        f"{recorded}GPU-minute ({summary.gpu_s:.1f} {recorded}GPU-s; reused answers not counted)")
         for f in summary.finalists:
             if "speedup" in f:
                 self._print(f"finalist {f['candidate_id']}: {f['speedup']:.4f}x vs baseline, re-timed interleaved "
@@ -66,4 +69,5 @@ class ConsoleObserver:
             return
         cand, res = summary.best
         self._print(f"best {cand.id}: fitness {res.fitness:.4f}x vs baseline (geomean over "
-                    f"{len(res.times_us)} cases) genes {cand.genome.gene_dict}")
+                    f"{len(res.times_us)} cases) genes {cand.genome.gene_dict}"
+                    + (f" [{self.replay}]" if self.replay else ""))

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from .. import journal
+from ..protocols import replay_note
 from ..types import Candidate, EvalResult, GeneValue
 
 EXTERNAL = "external"   # the status of a parent that this run did not evaluate (e.g. a seed from an earlier run)
@@ -36,13 +37,14 @@ FITNESS_CMAP = LinearSegmentedColormap.from_list("kf_fitness", matplotlib.colorm
 
 # ---- the graph ----------------------------------------------------------------------------------------------------
 
-def build(results: Iterable[tuple[Candidate, EvalResult]], run_id: str = "", best_id: str | None = None
-          ) -> nx.DiGraph:
+def build(results: Iterable[tuple[Candidate, EvalResult]], run_id: str = "", best_id: str | None = None,
+          replay: str = "") -> nx.DiGraph:
     """Node per candidate, edge parent -> child per parent (labelled with the child's operator). A parent that is
     not among the results is still a node, marked external, one column before its first child. `best_id` names
-    the run's own verdict on its best (the hall of fame's pick among equal fitness); best() honours it."""
+    the run's own verdict on its best (the hall of fame's pick among equal fitness); best() honours it. `replay`
+    (protocols.replay_note) labels a graph whose fitness values were replayed from a recording."""
     pairs = list(results)
-    graph = nx.DiGraph(run_id=run_id, best=best_id)
+    graph = nx.DiGraph(run_id=run_id, best=best_id, replay=replay)
     for cand, res in pairs:
         graph.add_node(cand.id, generation=cand.generation, status=res.status.value, fitness=res.fitness,
                        operator=cand.operator, genes=cand.genome.gene_dict, patch=cand.genome.patch_dict,
@@ -62,7 +64,8 @@ def from_journal(path: str | Path) -> nx.DiGraph:
     """The lineage of the run whose journal (runs/<run id>/journal.jsonl) is at `path`, with the run's best as
     its journal last named it (a killed run has no end record, but each generation names its best)."""
     run = journal.read(path)
-    return build(run.pairs(), run.run_id, run.latest_best())
+    evaluator = run.start.evaluator
+    return build(run.pairs(), run.run_id, run.latest_best(), replay_note(evaluator.kind, evaluator.label))
 
 
 def best(graph: nx.DiGraph) -> str | None:
@@ -273,6 +276,8 @@ def _decorate(fig: Figure, ax: Any, graph: nx.DiGraph, norm: Normalize, top: str
     if top is not None:
         title += f"; best {top} at {graph.nodes[top]['fitness']:.4f}x (bold path: its ancestry)"
     fig.suptitle(title, fontsize=11.5, y=0.985)
+    if graph.graph.get("replay"):   # replayed fitness: say so on the image itself, not only in the run's tags
+        fig.text(0.01, 0.01, graph.graph["replay"], fontsize=10, color="#b00000", weight="bold", va="bottom")
 
     def marker(colour: str, label: str, edge: str = "white") -> Line2D:
         return Line2D([], [], marker="o", ls="", markersize=7, markerfacecolor=colour, markeredgecolor=edge,
@@ -314,5 +319,7 @@ def _page(graph: nx.DiGraph, svg: str) -> str:
             "body{font-family:sans-serif;margin:12px} svg{max-width:100%;height:auto}"
             " g[id^=kf-node-]:hover path{stroke:#e41a1c;stroke-width:3px;cursor:pointer}"
             "</style></head><body>"
-            f"<p>Lineage of {run}. Hover a node for its id, operator, status, fitness and parents.</p>\n"
+            + (f"<p style=\"color:#b00000;font-weight:bold\">{html.escape(graph.graph['replay'])}</p>\n"
+               if graph.graph.get("replay") else "")
+            + f"<p>Lineage of {run}. Hover a node for its id, operator, status, fitness and parents.</p>\n"
             f"{inline}</body></html>\n")

@@ -20,7 +20,7 @@ from . import lineage
 from ..config import RunConfig
 from ..evaluate import render
 from ..prior import open_store, search_all   # before mlflow: prior sets MLflow's environment defaults
-from ..protocols import GenerationStats, Problem, RunInfo, RunSummary
+from ..protocols import EvaluatorInfo, GenerationStats, Problem, RunInfo, RunSummary
 from ..types import Candidate, EvalResult, Status
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
@@ -257,9 +257,7 @@ class MlflowObserver:
                 "kf.cases_key": run.cases_key, "kf.prior_records": str(run.prior_records),
                 "kf.warm_start": f"{len(run.warm_start)} genomes from earlier runs" if run.warm_start else "none",
                 "kf.warm_start_ids": ",".join(run.warm_start)}
-        tags.update({f"kf.env.{key}": value for key, value in run.evaluator.fingerprint.items()})
-        if run.evaluator.kind == "replay":
-            tags["kf.data"] = "recorded measurements replayed, no kernel ran in this run"
+        tags.update(source_tags(run.evaluator))
         parent = self.client.create_run(self.experiment_id, run_name=run.run_id, tags=_tags(tags))
         self.parent_id = parent.info.run_id
         params = flatten(run.config) | {"seed": str(run.seed)}
@@ -290,7 +288,8 @@ class MlflowObserver:
         tags = {"mlflow.parentRunId": self.parent_id, "kf.run_id": self.run.run_id, "kf.kind": "candidate",
                 "kf.candidate_id": candidate.id, "kf.parent_ids": ",".join(candidate.parents),
                 "kf.operator": candidate.operator, "kf.generation": str(generation),
-                "kf.status": result.status.value, "kf.evaluator": self.run.evaluator.kind}
+                "kf.status": result.status.value, "kf.evaluator": self.run.evaluator.kind,
+                "kf.host": self.run.evaluator.fingerprint.get("ran_on_host", "")}
         if result.flags:
             tags["kf.flags"] = " | ".join(result.flags)
         usage = llm_usage(candidate)
@@ -338,33 +337,51 @@ class MlflowObserver:
         if not results:
             return
         with tempfile.TemporaryDirectory(prefix="kf-lineage-") as tmp:
-            lineage.render(lineage.build(results, self.run.run_id, best_id), tmp)
+            lineage.render(lineage.build(results, self.run.run_id, best_id, self.run.evaluator.replay_note()), tmp)
             self.client.log_artifacts(self.parent_id, tmp, "lineage")
 
     def _finish(self, summary: RunSummary, llm: Mapping[str, float]) -> None:
         best = summary.best
+        recorded = "recorded_" if self.run.evaluator.kind == "replay" else ""   # a replay's GPU time is the recording's
         values = {"final_best_fitness": best[1].fitness if best else 0.0, "evaluations_total": summary.evaluations,
-                  "gpu_s_total": summary.gpu_s, "wall_s_total": summary.wall_s,
-                  "timed_per_gpu_minute": summary.timed_per_gpu_minute, **llm}
+                  f"{recorded}gpu_s_total": summary.gpu_s, "wall_s_total": summary.wall_s,
+                  f"{recorded}timed_per_gpu_minute": summary.timed_per_gpu_minute, **llm}
         values |= {f"finalist_speedup.{f['candidate_id']}": f["speedup"] for f in summary.finalists if "speedup" in f}
         tags = {"kf.stop_reason": summary.stop_reason, "kf.best_candidate_id": best[0].id if best else "none"}
         self._log_batch(self.parent_id, _metrics(values, summary.generations),
                         tags=[RunTag(k, v) for k, v in _tags(tags).items()])
-        self.client.log_text(self.parent_id, json.dumps(summary_record(summary), indent=2), "summary.json")
+        self.client.log_text(self.parent_id, json.dumps(summary_record(summary, self.run.evaluator), indent=2),
+                             "summary.json")
         if summary.lessons:
             self.client.log_text(self.parent_id, summary.lessons, "lessons.md")
         self.client.set_terminated(self.parent_id, status="FINISHED")
 
 
-def summary_record(summary: RunSummary) -> dict[str, Any]:
-    """summary.json: how the run ended, the best candidate with its genes and per-case times, the hall of fame."""
+def source_tags(evaluator: EvaluatorInfo) -> dict[str, str]:
+    """Where a run's numbers come from: the evaluator kind and the host that ran it on every run; a live run's
+    machine as kf.env.*, and a replay's recording as kf.recording with the recording machine's fingerprint as
+    kf.recorded.* (so that nothing names the recording's GPU as this run's environment)."""
+    fp = dict(evaluator.fingerprint)
+    tags = {"kf.evaluator": evaluator.kind, "kf.host": fp.pop("ran_on_host", "")}
+    if evaluator.kind != "replay":
+        return tags | {f"kf.env.{key}": value for key, value in fp.items()}
+    env = {k: fp.pop(k) for k in ("why_replay",) if k in fp}
+    return (tags | {f"kf.env.{k}": v for k, v in env.items()} | {f"kf.recorded.{k}": v for k, v in fp.items()}
+            | {"kf.recording": fp.get("recording", ""), "kf.data": evaluator.replay_note()})
+
+
+def summary_record(summary: RunSummary, evaluator: EvaluatorInfo | None = None) -> dict[str, Any]:
+    """summary.json: how the run ended, the best candidate with its genes and per-case times, the hall of fame.
+    A replay's times and GPU-seconds are the recording's: they are named recorded_* and the record says so."""
+    rec = "recorded_" if evaluator is not None and evaluator.kind == "replay" else ""
     best = None
     if summary.best is not None:
         candidate, result = summary.best
         best = {"candidate_id": candidate.id, "fitness": result.fitness, "genes": candidate.genome.gene_dict,
-                "patch": candidate.genome.patch_dict, "times_us": dict(result.times_us),
-                "baseline_us": dict(result.baseline_us), "gbps": dict(result.gbps)}
-    return {"run_id": summary.run_id, "generations": summary.generations, "evaluations": summary.evaluations,
-            "stop_reason": summary.stop_reason, "wall_s": summary.wall_s, "gpu_s": summary.gpu_s, "best": best,
+                "patch": candidate.genome.patch_dict, f"{rec}times_us": dict(result.times_us),
+                f"{rec}baseline_us": dict(result.baseline_us), f"{rec}gbps": dict(result.gbps)}
+    head = {"evaluator": evaluator.kind, "data": evaluator.replay_note() or "measured live"} if evaluator else {}
+    return {"run_id": summary.run_id, **head, "generations": summary.generations, "evaluations": summary.evaluations,
+            "stop_reason": summary.stop_reason, "wall_s": summary.wall_s, f"{rec}gpu_s": summary.gpu_s, "best": best,
             "hall_of_fame": [{"candidate_id": c.id, "fitness": r.fitness} for c, r in summary.hall_of_fame],
-            "timed_per_gpu_minute": summary.timed_per_gpu_minute, "finalists": list(summary.finalists)}
+            f"{rec}timed_per_gpu_minute": summary.timed_per_gpu_minute, "finalists": list(summary.finalists)}

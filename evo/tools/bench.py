@@ -110,10 +110,9 @@ def check(problem: Problem, case: Case, inputs: Mapping[str, Any], fn: Callable[
     except Exception as exc:  # a baseline that fails on this shape (e.g. an autotuner config that cannot launch)
         return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     ref = problem.reference(inputs)
-    atol, rtol = problem.tolerance(case.dtype)
     for name, want in ref.items():
         if name in got:
-            bad = measure.mismatch(got[name], want, atol, rtol, name)
+            bad = measure.mismatch(got[name], want, *measure.tolerance_of(problem, name, case.dtype), name)
             if bad:
                 return f"incorrect: {bad}"
     return None

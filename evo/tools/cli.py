@@ -148,6 +148,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     if len(found) != 1:
         raise ConfigError(f"candidate {wanted!r} is {'ambiguous' if found else 'not'} in run {args.run_id!r}; "
                           f"its candidates are in {path}")
+    if graph.graph.get("replay"):
+        print(graph.graph["replay"])
     print(lineage.format_chain(lineage.chain(graph, found[0])))
     if args.out:
         paths = lineage.render(graph, args.out)

@@ -63,10 +63,15 @@ def test_crash_is_a_status_and_the_worker_recovers(evaluator):
 
 
 def test_same_candidate_timed_twice_agrees(evaluator):
+    """Two separate measurements: the second bypasses the binary reuse (which would hand back the first result)."""
     from kernel_factory.problems.rmsnorm_fwd import problem
     cand = Candidate(Genome.of({**problem.space.defaults(), "store": "cs"}))
-    (a,), (b,) = evaluator.evaluate([cand]), evaluator.evaluate([cand])
+    (a,), (b,) = evaluator.evaluate([cand]), evaluator.measure_again([cand])
     assert a.status is Status.OK and b.status is Status.OK
+    assert b.gpu_s > 0 and "not re-run" not in b.message, "the second result must be a new measurement"
+    assert a.times_us != b.times_us, "two independent event timings of 3 cases are never all identical"
+    (c,) = evaluator.evaluate([cand])
+    assert c.gpu_s == 0 and "not re-run" in c.message   # reuse is still the default
     for key in a.times_us:
         spread = abs(a.times_us[key] - b.times_us[key]) / min(a.times_us[key], b.times_us[key])
         print(f"{key}: {a.times_us[key]:.2f} us vs {b.times_us[key]:.2f} us ({spread:.1%})")
