@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from kernel_factory.evo import config
 from kernel_factory.evo.observers import console as console_mod
-from kernel_factory.evo.observers.mlflow_store import load_prior
+from kernel_factory.evo.prior import load_prior
 from kernel_factory.evo.run import execute
 from kernel_factory.problems import rmsnorm_fwd
 
