@@ -146,3 +146,54 @@ def test_steady_state_converges_on_the_recorded_space(replay_config, synthetic_r
 def test_bad_worker_settings_are_one_clear_error(replay_config, override, message):
     with pytest.raises(config.ConfigError, match=message):
         config.parse(replay_config, (override,))
+
+
+class FakeHandle:
+    """Stands in for gpu.WorkerHandle on a machine without a GPU: each "GPU" has its own baseline, and a
+    candidate's time depends on its genes only, so fitness shows which baseline it was divided by."""
+
+    made = []
+
+    def __init__(self, setup, setup_timeout_s=600.0, env=None):
+        self.device = env["CUDA_VISIBLE_DEVICES"]
+        self.scale = 1.0 + int(self.device)      # GPU 1's baseline is twice GPU 0's
+        base = {k: 10.0 * self.scale for k in setup["bench_cases"]}
+        self.setup = {**setup, "baseline_us": base}
+        self.ready = {"baseline_us": base, "copy_gbps": 3000.0, "fingerprint": {"gpu": f"fake {self.device}"}}
+        self.restarts, self.asked = 0, []
+        assert "known_good" in setup and "baseline_us" not in setup, "each GPU measures its own baseline"
+        FakeHandle.made.append(self)
+
+    def ask(self, request, deadline_s):
+        self.asked.append(request["id"])
+        t = 5.0 * self.scale * (1 + request["genes"]["unroll"] / 10)
+        return {"op": "result", "status": "ok", "times_us": {k: t for k in self.setup["bench_cases"]},
+                "iqr_us": {}, "gpu_s": 0.01}
+
+    def close(self):
+        pass
+
+
+def test_pooled_gpu_evaluator_times_each_candidate_against_its_own_gpus_baseline(monkeypatch, tmp_path, rmsnorm,
+                                                                                 bench_cases):
+    from kernel_factory.evo.evaluate import gpu, gpu_pool
+    from kernel_factory.evo.types import Candidate, Genome
+    monkeypatch.setattr(gpu, "gpu_unavailable_reason", lambda: None)
+    monkeypatch.setattr(gpu_pool, "WorkerHandle", FakeHandle)
+    monkeypatch.setattr(gpu_pool, "local_devices", lambda gpus: ["0", "1"])
+    FakeHandle.made = []
+    workers = config.WorkersConfig(backend="local", queue_depth=1)
+    ev = gpu_pool.PooledGpuEvaluator(rmsnorm, bench_cases[:2], "torch_eager", 0, str(tmp_path), workers=workers)
+    genomes = [g for g in rmsnorm.space.enumerate()][:6]
+    cands = [Candidate(Genome.of(g)) for g in genomes]
+    results = ev.evaluate(cands + cands[:1])
+    assert [r.candidate_id for r in results] == [c.id for c in cands + cands[:1]]
+    for cand, r in zip(cands, results):
+        assert r.status.value == "ok" and r.evaluator == "gpu"
+        # time / baseline is the same on both fake GPUs only when each is divided by its own GPU's baseline
+        assert r.fitness == pytest.approx(2.0 / (1 + cand.genome.gene_dict["unroll"] / 10))
+    asked = [cid for h in FakeHandle.made for cid in h.asked]
+    assert sorted(asked) == sorted(c.id for c in cands), "each candidate reached one GPU once"
+    books = ev.accounting()
+    assert set(books["workers"]) == {"gpu0", "gpu1"} and books["queue_limit"] == 1
+    ev.close()
