@@ -57,8 +57,7 @@ def test_a_dead_worker_is_respawned_and_its_candidate_asked_again_then_classifie
     pool = Pool(spawn, 2, retries=1)
     once = pool.submit("once", {"id": "once", "value": 3}).result()
     assert once["status"] == "ok" and once["value"] == 6 and len(spawned) == 3
-    dying.add("twice")   # the respawned worker shares the set: it dies again on the retry
-    pool.spawn = lambda i: FakeWorker(i, die_on=dying | {"twice"})
+    pool.spawn = lambda i: FakeWorker(i, die_on={"twice"})   # every new worker dies on "twice" too
     twice = pool.submit("twice", {"id": "twice", "value": 1}).result()
     assert twice["status"] == "crashed" and "died 2 times" in twice["message"]
     assert sum(w["respawns"] for w in pool.accounting()["workers"].values()) == 3
@@ -93,8 +92,7 @@ def test_one_and_four_workers_give_the_same_run(replay_config, mode):
     assert books["simulated"] and books["workers"] == 4 and books["timed"] > 0
     assert set(books["gpu_s_per_worker"]) == {"sim0", "sim1", "sim2", "sim3"}
     assert sum(books["gpu_s_per_worker"].values()) > 0 and books["timed_per_held_gpu_minute"] > 0
-    end = journal.read(Path(cfg4.out_dir) / four.run_id / "journal.jsonl")[-1]
-    assert end["accounting"]["workers"] == 4 and end["accounting"]["queue_depth"]["limit"] == 8
+    assert books["queue_depth"]["limit"] == 8 and 0 < books["queue_depth"]["max"] <= 8
 
 
 def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(replay_config, monkeypatch):
@@ -197,3 +195,22 @@ def test_pooled_gpu_evaluator_times_each_candidate_against_its_own_gpus_baseline
     books = ev.accounting()
     assert set(books["workers"]) == {"gpu0", "gpu1"} and books["queue_limit"] == 1
     ev.close()
+
+
+def test_accounting_reaches_mlflow_and_counts_llm_tokens(replay_config):
+    from mlflow.tracking import MlflowClient
+    from kernel_factory.evo import accounting
+    from kernel_factory.evo.types import Candidate, Genome
+    cfg = config.parse({**replay_config, "observers": ["journal", "mlflow"]}, (*SMALL, "workers.count=2"))
+    summary = execute(cfg)
+    client = MlflowClient(f"sqlite:///{cfg.tracking.store}")
+    exp = client.get_experiment_by_name("rmsnorm_fwd")
+    (parent,) = client.search_runs([exp.experiment_id], f"tags.`kf.run_id` = '{summary.run_id}' and "
+                                                        f"tags.`kf.kind` = 'evolution'")
+    metrics = parent.data.metrics
+    assert metrics["workers"] == 2 and metrics["gpu_s.sim0"] > 0 and metrics["gpu_s.sim1"] > 0
+    assert metrics["timed_per_held_gpu_minute"] == pytest.approx(summary.accounting["timed_per_held_gpu_minute"])
+    usage = '{"prompt_tokens": 120, "completion_tokens": 30}'
+    made = [Candidate(Genome.of({"a": i}), notes={accounting.LLM_USAGE_NOTE: usage}) for i in range(3)]
+    assert accounting.llm_tokens(made + [Candidate(Genome.of({"a": 9}))]) == {"prompt": 360, "completion": 90,
+                                                                               "calls": 3}

@@ -9,9 +9,12 @@ from typing import Any, Mapping
 
 from .pool import WorkerDied
 
+START_TIMEOUT_S = 300.0
+
 
 def serve(conn) -> None:
-    """Hold each request for its `gpu_s`, then echo its id (standard library only: it starts fast)."""
+    """Say ready, then hold each request for its `gpu_s` and echo its id."""
+    conn.send({"op": "ready"})
     while True:
         try:
             msg = conn.recv()
@@ -41,6 +44,10 @@ class SimWorker:
         self.proc = ctx.Process(target=serve, args=(child,), daemon=True, name=f"kf-sim-worker-{index}")
         self.proc.start()
         child.close()
+        # Started before the run asks anything: a GPU worker too is ready before its first candidate.
+        if not self.conn.poll(START_TIMEOUT_S) or self.conn.recv().get("op") != "ready":
+            self.close()
+            raise WorkerDied(f"simulated worker {self.name} did not start within {START_TIMEOUT_S:.0f} s")
 
     @property
     def pid(self) -> int | None:

@@ -69,8 +69,7 @@ class JournalObserver:
                      "stop_reason": summary.stop_reason, "wall_s": summary.wall_s, "gpu_s": summary.gpu_s,
                      "best": best, "hall_of_fame": [c.id for c, _ in summary.hall_of_fame],
                      "logbook": [dict(row) for row in summary.logbook],
-                     "timed_per_gpu_minute": summary.timed_per_gpu_minute, "finalists": list(summary.finalists),
-                     "accounting": dict(summary.accounting)})
+                     "timed_per_gpu_minute": summary.timed_per_gpu_minute, "finalists": list(summary.finalists)})
         if summary.lessons:
             (self.path.parent / "lessons.md").write_text(summary.lessons)
 
