@@ -194,6 +194,8 @@ def test_pooled_gpu_evaluator_times_each_candidate_against_its_own_gpus_baseline
     assert sorted(asked) == sorted(c.id for c in cands), "each candidate reached one GPU once"
     books = ev.accounting()
     assert set(books["workers"]) == {"gpu0", "gpu1"} and books["queue_limit"] == 1
+    import inspect
+    assert {"timeout_floor_s", "max_reps", "workers"} <= set(inspect.signature(gpu_pool.PooledGpuEvaluator).parameters)
     ev.close()
 
 

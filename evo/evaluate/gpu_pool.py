@@ -5,6 +5,7 @@ workers. Each worker measures its own baseline at its start and every candidate'
 baseline of the GPU and process that timed it. The worker's gate and timing protocol are gpu.py's, unchanged."""
 from __future__ import annotations
 
+import inspect
 import os
 from concurrent.futures import Future
 from pathlib import Path
@@ -164,3 +165,10 @@ class PooledGpuEvaluator(GpuEvaluator):
     def accounting(self) -> dict[str, Any]:
         return {"backend": self.workers_cfg.backend, "simulated": False, "compile_s": self.compiler.compile_s,
                 "compiled": self.compiler.compiled, **self.pool.accounting()}
+
+
+# The config's `evaluator.gpu` options are checked against the constructor's signature (build.construct): show
+# GpuEvaluator's options plus `workers`, not *args/**kwargs.
+_BASE = inspect.signature(GpuEvaluator.__init__)
+PooledGpuEvaluator.__init__.__signature__ = _BASE.replace(  # type: ignore[attr-defined]
+    parameters=[*_BASE.parameters.values(), inspect.Parameter("workers", inspect.Parameter.KEYWORD_ONLY)])
