@@ -131,11 +131,23 @@ def evaluator_kind(cfg: RunConfig) -> tuple[str, str | None]:
 def make_evaluator(run: Run, kind: str) -> Evaluator:
     options = run.config.evaluator.gpu if kind == "gpu" else run.config.evaluator.replay
     cls = _plugin("evaluator", kind, "evaluator.kind")
+    w, fixed = run.config.workers, {}
+    if kind == "gpu" and w.backend != "inline":   # one worker per GPU of the host or of the Ray cluster
+        from .evaluate.gpu_pool import PooledGpuEvaluator
+        cls, fixed = PooledGpuEvaluator, {"workers": w}
     try:
-        return construct(cls, options, f"evaluator.{kind}", problem=run.problem, cases=run.cases,
-                         baseline=run.baseline, seed=run.config.seed, out_dir=run.config.out_dir)
+        evaluator = construct(cls, options, f"evaluator.{kind}", problem=run.problem, cases=run.cases,
+                              baseline=run.baseline, seed=run.config.seed, out_dir=run.config.out_dir, **fixed)
+        if kind == "replay" and w.count:   # simulated workers holding each candidate for its recorded time
+            from .evaluate.replay_pool import simulate
+            evaluator = simulate(evaluator, w.backend, w.count, w.queue_depth, w.time_scale, w.address)
+        return evaluator
     except ValueError as exc:   # ReplayError and friends: the config asks for something the data cannot give
         raise ConfigError(f"config key 'evaluator': {exc}") from exc
+    except RuntimeError as exc:   # ray_backend.RayUnavailable: not installed, or no cluster at the address
+        if type(exc).__name__ != "RayUnavailable":
+            raise
+        raise ConfigError(f"config key 'workers.backend': {exc}") from exc
 
 
 def make_observers(run: Run, names: Sequence[str] | None = None) -> list[Observer]:

@@ -59,6 +59,9 @@ class SearchConfig:
     # explores one template variant in depth. Genes not named keep all their choices.
     space: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     init_random: float = 1.0              # share of the first population drawn at random (rest: template defaults)
+    # "generational" (a whole population per step) or "steady" (asynchronous: a child is bred as soon as a slot of
+    # workers.in_flight frees, and replaces the worst; no generation waits for its slowest candidate or LLM reply)
+    mode: str = "generational"
     policy: str = "bandit"                # operator choice: "static" (config weights) or "bandit" (UCB1 on credit)
     lessons: bool = True                  # forbid or down-weight gene values that history shows fail or never help
     surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
@@ -82,6 +85,20 @@ class EvaluatorConfig:
 
 
 @dataclass(frozen=True)
+class WorkersConfig:
+    """Where candidates are timed: `inline` (one GPU worker, driven by the loop), `local` (one worker process per
+    GPU of this host) or `ray` (one Ray actor per GPU of a cluster). See docs/scale-out.md."""
+    backend: str = "inline"
+    gpus: str | tuple[int, ...] = "all"   # local: "all" or a list of device indices
+    address: str = "auto"                 # ray: the cluster to join (ray.init(address=...))
+    count: int = 0                        # replay: workers to simulate with the recording's latencies (0: none)
+    time_scale: float = 1.0               # replay: a simulated worker holds each candidate recorded gpu_s x this
+    queue_depth: int = 0                  # compiled candidates ready ahead of the workers (0: two per worker)
+    in_flight: int = 0                    # search.mode steady: children bred or timed at once (0: the population)
+    llm_concurrency: int = 4              # search.mode steady: LLM operator calls at once
+
+
+@dataclass(frozen=True)
 class TrackingConfig:
     store: str = "runs/mlflow.db"         # MLflow SQLite file
     artifacts: str = "runs/artifacts"     # MLflow artifact root (fixed when an experiment is created)
@@ -99,6 +116,7 @@ class RunConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data that parse() accepts again (resume re-reads a run's resolved config from its journal)."""
@@ -274,8 +292,27 @@ def _check_ranges(cfg: RunConfig) -> None:
     if s.learn_from not in LEARN_FROM:
         raise ConfigError(f"config key 'search.learn_from' must be one of {', '.join(LEARN_FROM)}; "
                           f"got {s.learn_from!r}")
+    _check_workers(cfg)
     if cfg.evaluator.kind not in ("auto", "gpu", "replay"):
         raise ConfigError(f"config key 'evaluator.kind' must be one of auto, gpu, replay; got {cfg.evaluator.kind!r}")
+
+
+def _check_workers(cfg: RunConfig) -> None:
+    w = cfg.workers
+    if cfg.search.mode not in ("generational", "steady"):
+        raise ConfigError(f"config key 'search.mode' must be one of generational, steady; got {cfg.search.mode!r}")
+    if w.backend not in ("inline", "local", "ray"):
+        raise ConfigError(f"config key 'workers.backend' must be one of inline, local, ray; got {w.backend!r}")
+    if isinstance(w.gpus, str) and w.gpus != "all" or isinstance(w.gpus, tuple) and (
+            not w.gpus or min(w.gpus) < 0 or len(set(w.gpus)) != len(w.gpus)):
+        raise ConfigError(f"config key 'workers.gpus' must be all or a list of distinct device indices >= 0; "
+                          f"got {w.gpus!r}")
+    for key in ("count", "queue_depth", "in_flight"):
+        if getattr(w, key) < 0:
+            raise ConfigError(f"config key 'workers.{key}' must be >= 0, got {getattr(w, key)}")
+    if w.llm_concurrency < 1 or w.time_scale < 0:
+        raise ConfigError(f"config keys 'workers.llm_concurrency' must be >= 1 and 'workers.time_scale' >= 0; got "
+                          f"{w.llm_concurrency}, {w.time_scale}")
 
 
 def parse(data: Mapping[str, Any], overrides: tuple[str, ...] = ()) -> RunConfig:

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from deap import base, tools
 
+from . import accounting
 from .config import SearchConfig
 from .history import History, Record
 from .protocols import Evaluator, GenerationStats, Observer, Retimes, RunSummary, throughput
@@ -74,8 +75,11 @@ class RunState:
             batch = batch[:max(0, self.search.max_evaluations - len(self.seen))]
         todo = [c for c in batch if c.failure is None]    # operators' known failures skip the evaluator
         answered = dict(zip((c.id for c in todo), self.evaluator.evaluate(todo) if todo else []))
-        results = [answered[c.id] if c.failure is None else
-                   EvalResult(c.id, Status(c.failure[0]), message=c.failure[1], evaluator="operator") for c in batch]
+        results = [answered[c.id] if c.failure is None else operator_failure(c) for c in batch]
+        return self.record(batch, results, generation)
+
+    def record(self, batch: Sequence[Candidate], results: Sequence[EvalResult], generation: int) -> list[Individual]:
+        """Hall of fame, history and observers learn of these results (steady.py records one child at a time)."""
         self.new = [Individual(c, r) for c, r in zip(batch, results)]
         self.seen.update((ind.candidate.id, ind) for ind in self.new)
         self.hof.update(self.new)
@@ -104,7 +108,10 @@ class RunState:
         results = [i.result for i in self.seen.values()]
         return RunSummary(self.run_id, generation, len(self.seen), stop, time.monotonic() - self.budget.started,
                           sum(r.gpu_s for r in results), best, tuple(hof), tuple(self.logbook),
-                          timed_per_gpu_minute=throughput(results))
+                          timed_per_gpu_minute=throughput(results),
+                          accounting=accounting.of(self.evaluator, [(i.candidate, i.result) for i in
+                                                                    self.seen.values()], time.monotonic() -
+                                                   self.budget.started))
 
     def elite(self, pool: list[Individual]) -> list[Individual]:
         """The best by fitness, plus (per-case elites) the fastest correct candidate of every benchmark case."""
@@ -116,6 +123,12 @@ class RunState:
                 if champion not in elite:
                     elite.append(champion)
         return elite[:self.search.population]
+
+
+def operator_failure(c: Candidate) -> EvalResult:
+    """An operator already knows this child fails (e.g. an LLM edit that did not apply): never evaluated."""
+    assert c.failure is not None
+    return EvalResult(c.id, Status(c.failure[0]), message=c.failure[1], evaluator="operator")
 
 
 def case_champions(individuals: Sequence[Individual]) -> list[Candidate]:

@@ -313,6 +313,7 @@ class RunSummary:
     lessons: str = ""               # the lessons document (markdown), with operator credit
     finalists: tuple[Mapping[str, Any], ...] = ()  # re-timed against the baseline, interleaved (GPU runs only)
     timed_per_gpu_minute: float = 0.0  # candidates checked and timed on the GPU per GPU-minute (reuses not counted)
+    accounting: Mapping[str, Any] = field(default_factory=dict)  # accounting.of(): per-GPU seconds, compile, queue
 
 
 def throughput(results: Sequence[EvalResult]) -> float:

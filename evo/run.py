@@ -21,6 +21,7 @@ from . import build, config as config_mod
 from .config import ConfigError, RunConfig
 from .history import History, Record, cases_key
 from .loop import evolve
+from .steady import evolve_steady
 from .lessons import to_markdown
 from . import credit
 from . import journal
@@ -46,6 +47,8 @@ class JournalCache:
             self.space = inner.space
         if isinstance(inner, Retimes):
             self.retime = inner.retime
+        if hasattr(inner, "accounting"):
+            self.accounting = inner.accounting
 
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
         todo = [c for c in candidates if c.id not in self.known]
@@ -101,8 +104,12 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     try:
         for obs in observers:
             obs.on_start(info)
-        summary = evolve(space, proposer, evaluator, observers, cfg.search, random.Random(cfg.seed),
-                         run_id, history, seeds)
+        if cfg.search.mode == "steady":
+            summary = evolve_steady(space, proposer, evaluator, observers, cfg.search, cfg.workers,
+                                    random.Random(cfg.seed), run_id, history, seeds)
+        else:
+            summary = evolve(space, proposer, evaluator, observers, cfg.search, random.Random(cfg.seed),
+                             run_id, history, seeds)
         summary = replace(summary, lessons=to_markdown(
             proposer.lessons, run.problem.name, fingerprint.get("gpu", "?"), len(history.records()),
             credit.report(credit.by_operator(history.outcomes())), info.evaluator.replay_note()))

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import re
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +165,9 @@ class Compiler:
         include_dirs()  # fail early and clearly when headers are missing
         self.workers = max(1, workers or os.cpu_count() or 1)
         self._pool: cf.ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.compile_s = 0.0   # host seconds spent compiling (cache hits cost none): the run's accounting
+        self.compiled = 0
 
     def key(self, body: str) -> str:
         return cache_key(body, self.toolchain)
@@ -176,15 +180,26 @@ class Compiler:
                 yield hit
             else:
                 pending.append(job)
-        if not pending:
-            return
-        if self._pool is None:
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        if pending:
+            yield from self._compile(pending)
+
+    def _compile(self, pending: list[CompileJob]) -> Iterator[CompileOutput]:
+        """Compile what the cache does not hold, on the process pool (ray_backend.RayCompiler: as Ray tasks)."""
+        with self._lock:   # steady-state search compiles from several threads
+            if self._pool is None:
+                self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
         futures = [self._pool.submit(compile_one, job) for job in pending]
         for fut in cf.as_completed(futures):
             out = fut.result()
-            self.cache.put(out)
+            self.done(out)
             yield out
+
+    def done(self, out: CompileOutput) -> None:
+        """A fresh compile: cached, and counted in the host's compile seconds."""
+        self.cache.put(out)
+        with self._lock:
+            self.compile_s += out.info.compile_s
+            self.compiled += 1
 
     def close(self) -> None:
         if self._pool is not None:

@@ -2,9 +2,12 @@
 that is restarted after a fault and killed past a watchdog deadline. Fitness is correctness-gated timing."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 import re
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -37,9 +40,10 @@ class WorkerError(RuntimeError):
 class WorkerHandle:
     """One worker process and its pipe. Restarts it (reusing the measured baseline) after a fault or a hang."""
 
-    def __init__(self, setup: dict[str, Any], setup_timeout_s: float = 600.0):
+    def __init__(self, setup: dict[str, Any], setup_timeout_s: float = 600.0, env: Mapping[str, str] | None = None):
         self.setup = setup
         self.setup_timeout_s = setup_timeout_s
+        self.env = dict(env or {})   # e.g. CUDA_VISIBLE_DEVICES: the GPU this worker owns (gpu_pool.py)
         self.restarts = 0
         self.ready: dict[str, Any] = {}
         self._start()
@@ -48,7 +52,8 @@ class WorkerHandle:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=worker.serve, args=(child,), daemon=True, name="kf-gpu-worker")
-        self.proc.start()
+        with _environment(self.env):   # a spawned child takes the parent's environment at start
+            self.proc.start()
         child.close()
         self.conn.send(self.setup)
         if not self.conn.poll(self.setup_timeout_s):
@@ -128,7 +133,7 @@ class GpuEvaluator:
         self.max_reps, self.finalist_reps = max_reps, finalist_reps
         self.want_sass = isinstance(problem, ExpectedSass)
         known_good = self.known_good()
-        self.worker = WorkerHandle({
+        self.worker = self.start_workers({
             "op": "setup", "problem": problem.name, "baseline": baseline, "check_seeds": check_seeds,
             "bench_cases": [c.key for c in self.cases],
             "check_cases": [Case(s, dt).key for dt in self.dtypes for s in check_shapes],
@@ -144,6 +149,10 @@ class GpuEvaluator:
         self._evaluated = 0
         self.seen = binary.SeenBinaries()
         self.cubins: dict[str, dict[str, bytes]] = {}
+
+    def start_workers(self, setup: dict[str, Any]) -> "WorkerHandle":
+        """The worker the candidates go to: one process on this machine's default GPU (gpu_pool.py overrides)."""
+        return WorkerHandle(setup)
 
     def known_good(self) -> dict[str, Any]:
         """The problem's default genome, compiled: the kernel every worker start must pass the gate with."""
@@ -235,12 +244,14 @@ class GpuEvaluator:
         status = Status(reply["status"])
         times = reply.get("times_us", {}) if status is Status.OK else {}
         gbps = {k: self.problem.bytes_moved(Case.parse(k)) / (t * 1e-6) / 1e9 for k, t in times.items()}
-        fitness = geomean_speedup(times, {k: self.baseline_us[k] for k in times}) if times else 0.0
+        # Against the baseline measured by the worker that timed it (one per GPU under workers.backend local/ray).
+        base = reply.get("baseline_us") or self.baseline_us
+        fitness = geomean_speedup(times, {k: base[k] for k in times}) if times else 0.0
         message = reply.get("message", "")
         if reply.get("graph_cases"):
             message = (message + " " if message else "") + f"timed as CUDA graphs: {', '.join(reply['graph_cases'])}"
         return EvalResult(cid, status, fitness, times, reply.get("iqr_us", {}) if times else {},
-                          dict(self.baseline_us), gbps, dict(build), message, "gpu",
+                          dict(base), gbps, dict(build), message, "gpu",
                           float(reply.get("gpu_s", 0.0)), flags)
 
     def retime(self, candidates: Sequence[Candidate]) -> list[dict[str, Any]]:
@@ -288,6 +299,25 @@ def timer_reads(cubins: Mapping[str, bytes]) -> str | None:
         if found:
             return f"{dt}: the binary reads {', '.join(found)} (clocks, timers and SM ids are not allowed); not run"
     return None
+
+
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str]):
+    """os.environ with `env` applied, for the duration of a child's start (serialized: one start at a time)."""
+    with _ENV_LOCK:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def hash_seed(*parts: Any) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Sequence, TextIO
 
+from ..accounting import headline
 from ..protocols import GenerationStats, RunInfo, RunSummary
 from ..types import Candidate, EvalResult
 
@@ -58,6 +59,8 @@ class ConsoleObserver:
             recorded = "recorded " if self.replay else ""   # a replay's GPU time was spent when it was recorded
             self._print(f"throughput: {summary.timed_per_gpu_minute:.0f} candidates gated and timed per "
                         f"{recorded}GPU-minute ({summary.gpu_s:.1f} {recorded}GPU-s; reused answers not counted)")
+        if headline(summary.accounting):
+            self._print(headline(summary.accounting))
         for f in summary.finalists:
             if "speedup" in f:
                 self._print(f"finalist {f['candidate_id']}: {f['speedup']:.4f}x vs baseline, re-timed interleaved "

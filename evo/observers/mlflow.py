@@ -347,6 +347,7 @@ class MlflowObserver:
                   f"{recorded}gpu_s_total": summary.gpu_s, "wall_s_total": summary.wall_s,
                   f"{recorded}timed_per_gpu_minute": summary.timed_per_gpu_minute, **llm}
         values |= {f"finalist_speedup.{f['candidate_id']}": f["speedup"] for f in summary.finalists if "speedup" in f}
+        values |= accounting_metrics(summary.accounting)
         tags = {"kf.stop_reason": summary.stop_reason, "kf.best_candidate_id": best[0].id if best else "none"}
         self._log_batch(self.parent_id, _metrics(values, summary.generations),
                         tags=[RunTag(k, v) for k, v in _tags(tags).items()])
@@ -355,6 +356,19 @@ class MlflowObserver:
         if summary.lessons:
             self.client.log_text(self.parent_id, summary.lessons, "lessons.md")
         self.client.set_terminated(self.parent_id, status="FINISHED")
+
+
+def accounting_metrics(books: Mapping[str, Any]) -> dict[str, float]:
+    """The scalar part of the run's accounting (accounting.py) as metrics; the rest is in summary.json."""
+    if not books:
+        return {}
+    out = {f"gpu_s.{safe_key(name)}": s for name, s in books["gpu_s_per_worker"].items()}
+    out |= {"compile_s_host": books["compile_s_host"], "queue_depth_mean": books["queue_depth"]["mean"],
+            "queue_depth_max": books["queue_depth"]["max"], "workers": books["workers"],
+            "worker_respawns": books["respawns"], "llm_tokens_prompt": books["llm_tokens"]["prompt"],
+            "llm_tokens_completion": books["llm_tokens"]["completion"],
+            "timed_per_held_gpu_minute": books["timed_per_held_gpu_minute"]}
+    return {k: float(v) for k, v in out.items()}
 
 
 def source_tags(evaluator: EvaluatorInfo) -> dict[str, str]:
@@ -384,4 +398,5 @@ def summary_record(summary: RunSummary, evaluator: EvaluatorInfo | None = None) 
     return {"run_id": summary.run_id, **head, "generations": summary.generations, "evaluations": summary.evaluations,
             "stop_reason": summary.stop_reason, "wall_s": summary.wall_s, f"{rec}gpu_s": summary.gpu_s, "best": best,
             "hall_of_fame": [{"candidate_id": c.id, "fitness": r.fitness} for c, r in summary.hall_of_fame],
-            f"{rec}timed_per_gpu_minute": summary.timed_per_gpu_minute, "finalists": list(summary.finalists)}
+            f"{rec}timed_per_gpu_minute": summary.timed_per_gpu_minute, "finalists": list(summary.finalists),
+            "accounting": dict(summary.accounting)}
