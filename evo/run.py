@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import uuid
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -16,8 +17,9 @@ from typing import Sequence
 
 from . import build, config as config_mod
 from .config import ConfigError, RunConfig
+from .evaluate import render
 from .history import History, Record
-from .loop import evolve
+from .loop import Interrupted, evolve
 from .lessons import to_markdown
 from . import credit
 from .observers import journal
@@ -28,9 +30,39 @@ from .variation import Proposer
 PRIOR_FILE = "prior.jsonl"
 
 
+# A run id names one folder under out_dir and one MLflow tag: letters, digits, '.', '_' and '-', starting with a
+# letter or digit, at most 128 characters (so no '/', no '..', no hidden folder).
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 def new_run_id(problem: str) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"{problem}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
+        raise ConfigError(f"run id {run_id!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', starting "
+                          "with a letter or digit, without '..'")
+    return run_id
+
+
+def run_folder(out_dir: str, run_id: str, resume: bool) -> Path:
+    """The run's folder, created now so that a path that cannot hold it fails before anything is evaluated.
+    An existing run is continued only by resume: a second run under its id would corrupt its journal."""
+    folder = Path(out_dir) / check_run_id(run_id)
+    if not resume and (folder / "journal.jsonl").exists():
+        raise ConfigError(f"run {run_id!r} already exists in {folder}; continue it with `kernel-factory resume "
+                          f"{run_id} --runs {out_dir}`, or choose another --run-id")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot use {str(folder)!r} as the run folder (out_dir {out_dir!r}): "
+                          f"{exc.strerror or exc}") from None
+    return folder
 
 
 class JournalCache:
@@ -68,7 +100,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     run = build.prepare(cfg)
     kind, why_not_gpu = build.evaluator_kind(cfg)
     run_id = run_id or new_run_id(run.problem.name)
-    folder = Path(cfg.out_dir) / run_id
+    folder = run_folder(cfg.out_dir, run_id, resume)
     evaluator = build.make_evaluator(run, kind)
     from .observers.mlflow_store import cases_key
     key = cases_key(run.problem.name, run.cases, run.baseline)
@@ -79,7 +111,6 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
         prior = [Record.from_json(json.loads(line)) for line in (folder / PRIOR_FILE).read_text().splitlines()]
     else:
         prior = _prior(cfg, run, evaluator.info.fingerprint.get("gpu", ""), key, run_id)
-        folder.mkdir(parents=True, exist_ok=True)
         (folder / PRIOR_FILE).write_text("".join(json.dumps(r.to_json()) + "\n" for r in prior))
     history = History(prior)
     seeds = [r.genome for r in history.best(cfg.search.warm_start.count)] if cfg.search.warm_start.enabled else []
@@ -94,21 +125,26 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
                    replace(evaluator.info, fingerprint=fingerprint), run.cases, cfg.out_dir, key,
                    tuple(g.id for g in seeds), len(prior), resume)
     proposer = Proposer(space, run.operators, cfg.search, run.problem, fingerprint)
-    summary = None
+    summary, started, interrupt = None, [], None
     try:
         for obs in observers:
             obs.on_start(info)
+            started.append(obs)
         summary = evolve(space, proposer, evaluator, observers, cfg.search, random.Random(cfg.seed),
-                         run_id, history, seeds)
+                         run_id, history, seeds, cfg.stop)
         summary = replace(summary, lessons=to_markdown(
             proposer.lessons, run.problem.name, fingerprint.get("gpu", "?"), len(history.records()),
             credit.report(credit.by_operator(history.outcomes()))))
+    except Interrupted as exc:   # the observers close with what was measured; the interrupt goes on to the CLI
+        summary, interrupt = exc.summary, exc.__cause__
     finally:
         evaluator.close()
-        if summary is None:   # interrupted: still close the observers with what was measured
-            summary = RunSummary(run_id, 0, 0, "interrupted", 0.0, 0.0, None, ())
-        for obs in observers:
+        if summary is None:   # stopped before the loop began, or by an error: close with nothing measured
+            summary = RunSummary(run_id, 0, 0, "error", 0.0, 0.0, None, ())
+        for obs in started:
             obs.on_end(summary)
+    if interrupt is not None:
+        raise interrupt
     return summary
 
 
@@ -132,7 +168,7 @@ def table_seeds(path: str | None, problem, space) -> list:
 
 def resume(run_id: str, out_dir: str = "runs") -> RunSummary:
     """Continue a killed run from its journal (same config, seed and snapshot of earlier runs)."""
-    path = Path(out_dir) / run_id / "journal.jsonl"
+    path = Path(out_dir) / check_run_id(run_id) / "journal.jsonl"
     if not path.is_file():
         runs = sorted(p.parent.name for p in Path(out_dir).glob("*/journal.jsonl"))
         raise ConfigError(f"no journal for run {run_id!r} under {out_dir}/; runs there: {', '.join(runs) or 'none'}")

@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,12 +15,23 @@ from .. import registry
 from ..config import ConfigError
 
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143   # 128 + SIGTERM
+EXIT_FAILED = 1         # the command ran and its answer is "no": a regression, a missed target, no correct candidate
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that everything closes the same way; only the exit code differs."""
+
+
+def interrupt_code(exc: BaseException) -> int:
+    return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
 EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, as the shell reports a pipe closed by its reader
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-factory", description="Evolve CUDA C++ kernels with inline PTX.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an evolutionary search from a YAML config")
     run.add_argument("config")
@@ -73,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                           "before and now, regressions first")
     ben.add_argument("--regression-pct", type=float, default=2.0,
                      help="a fall in a row's ratio to the best peer larger than this (%%) is a regression")
+    ben.add_argument("--report-only", action="store_true",
+                     help="exit 0 even when --compare finds a regression (default: exit 1)")
     ben.add_argument("--from", dest="from_json", nargs="+", metavar="JSON",
                      help="re-render a recorded bench or suite JSON, or join several bench JSONs into one suite "
                           "report (no GPU needed)")
@@ -80,13 +92,25 @@ def _parser() -> argparse.ArgumentParser:
     gap.add_argument("targets", help="a targets YAML (e.g. configs/targets/rmsnorm-h200.yaml)")
     gap.add_argument("--out", help="folder for gap.md and gap.json")
     gap.add_argument("--stem", default="gap", help="file name stem in --out")
+    gap.add_argument("--report-only", action="store_true",
+                     help="exit 0 even when a target is missed (default: exit 1)")
     flt = sub.add_parser("faults", help="run the evaluator's fault suite on this GPU and print its table")
     flt.add_argument("--out", help="also write the table as JSON here")
-    ui = sub.add_parser("ui", help="serve the MLflow UI over the run store on 127.0.0.1")
+    ui = sub.add_parser("ui", help="serve the MLflow UI over the run store (on 127.0.0.1 unless --host)")
     ui.add_argument("--store", default="runs/mlflow.db")
     ui.add_argument("--artifacts", default="runs/artifacts")
     ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 shares it)")
     return p
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("ptx-kernel-factory")
+    except PackageNotFoundError:   # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def cmd_problems() -> int:
@@ -154,6 +178,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench, bench_report, bench_suite
+    stopped = EXIT_INTERRUPTED
     if args.from_json:
         result = recorded_bench(args.from_json)
     else:
@@ -181,11 +206,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                    [b for b in args.baselines.split(",") if b] if args.baselines is not None else None,
                                    args.reps or 50, args.repeat or 1,
                                    30.0 if args.graph_below_us is None else args.graph_below_us, on_row=keep)
-        except KeyboardInterrupt:   # Ctrl-C, or SIGTERM (main): report what was measured
+        except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (main): report what was measured
+            stopped = interrupt_code(exc)
             if not so_far:
                 print("kernel-factory: bench interrupted before its first case was measured; nothing written",
                       file=sys.stderr)
-                return EXIT_INTERRUPTED
+                return stopped
             result = so_far[0]
     if args.compare:
         from . import bench_compare
@@ -200,7 +226,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if result.get("partial") and not args.from_json:
         print(f"kernel-factory: bench interrupted; the report covers what was measured ({result['partial']})",
               file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return stopped
+    regressions = result.get("compared", {}).get("counts", {}).get("regression", 0)
+    if regressions and not args.report_only:
+        print(f"kernel-factory: {regressions} row(s) regressed by more than {args.regression_pct:g}% against "
+              f"{', '.join(args.compare)} (exit {EXIT_FAILED}; --report-only exits 0)", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 
@@ -226,7 +257,7 @@ def sigterm_as_interrupt():
     """SIGTERM (as `timeout` sends) raises KeyboardInterrupt inside the block, so that a command stopped that way
     ends as after Ctrl-C: runs close their journal and MLflow run, benches write what they measured."""
     def raise_interrupt(signum, frame):
-        raise KeyboardInterrupt
+        raise Terminated
     try:
         previous = signal.signal(signal.SIGTERM, raise_interrupt)
     except ValueError:   # not the main thread: leave signals alone
@@ -244,6 +275,11 @@ def cmd_gap(args: argparse.Namespace) -> int:
     print(gap.markdown(analysis))
     if args.out:
         print(f"written: {', '.join(str(p) for p in gap.write(analysis, args.out, args.stem))}", file=sys.stderr)
+    if not analysis["met"] and not args.report_only:
+        missed = sum(not r["met"] for r in analysis["reports"])
+        print(f"kernel-factory: {missed} target(s) not met (exit {EXIT_FAILED}; --report-only exits 0)",
+              file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 
@@ -256,10 +292,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from ..observers.mlflow import ui_command
     if not Path(args.store).is_file():
         raise ConfigError(f"no run store at {args.store!r}: run `kernel-factory run CONFIG` first, or pass --store")
-    argv = ui_command(args.store, args.artifacts, port=args.port)
-    print(f"MLflow UI on http://127.0.0.1:{args.port} (store {args.store}); Ctrl-C stops it", file=sys.stderr)
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    return subprocess.call(argv, env=env)
+    from .ui import serve
+    argv = ui_command(args.store, args.artifacts, host=args.host, port=args.port)
+    print(f"store {args.store}", file=sys.stderr)
+    return serve(argv, args.host, args.port, {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,13 +308,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, registry.PluginError, ToolchainError, WorkerError) as exc:
         print(f"kernel-factory: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("kernel-factory: interrupted; everything measured so far is in the run's journal and MLflow",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        print("kernel-factory: interrupted; everything measured so far is in the run's journal and MLflow "
+              "(`kernel-factory resume RUN_ID` continues a run)", file=sys.stderr)
+        return interrupt_code(exc)
     except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except OSError as exc:   # a full disk or a folder that became read-only mid-command: one line, not a traceback
+        where = f" {exc.filename!r}" if exc.filename else ""
+        print(f"kernel-factory: error: cannot write{where}: {exc.strerror or exc}; what was measured before "
+              "stays in the run's journal", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 def _dispatch(args: argparse.Namespace) -> int:
