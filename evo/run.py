@@ -54,6 +54,10 @@ def run_folder(out_dir: str, run_id: str, resume: bool) -> Path:
     if not resume and (folder / "journal.jsonl").exists():
         raise ConfigError(f"run {run_id!r} already exists in {folder}; continue it with `kernel-factory resume "
                           f"{run_id} --runs {out_dir}`, or choose another --run-id")
+    blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise ConfigError(f"cannot use {str(folder)!r} as the run folder: {str(blocker)!r} is a file, not a folder "
+                          f"(config key 'out_dir' is {out_dir!r})")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".write-probe"
