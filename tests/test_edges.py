@@ -207,3 +207,21 @@ def test_version(capsys):
     assert stop.value.code == 0
     from importlib.metadata import version
     assert capsys.readouterr().out.strip() == f"kernel-factory {version('ptx-kernel-factory')}"
+
+
+# ---- 9. output conventions ----------------------------------------------------------------------------------------
+
+def test_results_go_to_stdout_and_progress_to_stderr_for_the_shipped_softmax_config(tmp_path, capsys):
+    assert cli.main(["run", "configs/softmax.yaml", "--run-id", "soft", "-o", f"out_dir={tmp_path}",
+                     "-o", "observers=[console, journal]", "-o", "search.generations=2"]) == 0
+    out, err = capsys.readouterr()
+    (line,) = out.splitlines()
+    end = journal.read(tmp_path / "soft" / "journal.jsonl")[-1]
+    assert line.startswith(f"best {end['best']}: fitness ") and "genes {" in line
+    assert "/s, ETA" in err and "evaluated" in err and "gen   0 |" in err and "best " not in err.split("done:")[1]
+
+
+def test_progress_states_rate_and_eta():
+    from kernel_factory.evo.observers.console import progress
+    assert progress(12, 48, 4.0) == "[######..................] 12/48 evaluated, 3.0/s, ETA 12 s"
+    assert progress(48, 48, 4.0).endswith("48/48 evaluated, 12.0/s, ETA -")

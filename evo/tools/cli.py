@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
+import re
 import signal
+import time
 import sys
 from pathlib import Path
 
@@ -184,8 +187,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         so_far: list[dict] = []
 
+        started = time.monotonic()
+
         def keep(partial: dict) -> None:   # the JSON after every case: even a killed bench leaves its rows
             so_far[:] = [partial]
+            bench_progress(partial, time.monotonic() - started)
             if args.out:
                 bench_report.write_json(partial, args.out, args.stem)
         try:
@@ -233,6 +239,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"{', '.join(args.compare)} (exit {EXIT_FAILED}; --report-only exits 0)", file=sys.stderr)
         return EXIT_FAILED
     return 0
+
+
+def bench_progress(partial: dict, elapsed_s: float) -> None:
+    """One progress line (rate, ETA) per measured case of a bench, to stderr through logging."""
+    from ..observers.console import progress
+    done = len(partial.get("rows", [])) or sum(len(p.get("rows", [])) for p in partial.get("parts", []))
+    counted = re.match(r"(\d+) of (\d+) cases", str(partial.get("partial", "")))
+    total = int(counted.group(2)) if counted else done
+    logging.getLogger("kernel_factory.bench").info(progress(done, total, elapsed_s, "cases"))
 
 
 def recorded_bench(files: list[str]) -> dict:
@@ -298,8 +313,33 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return serve(argv, args.host, args.port, {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever sys.stderr is when a record is written (a test's capture, a redirected stream)."""
+
+    @property
+    def stream(self):   # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def setup_logging() -> None:
+    """Progress and logs to stderr, as plain lines; results go to stdout with print. Only our loggers are set, so
+    an embedding program's own logging is left as it was."""
+    ours = logging.getLogger("kernel_factory")
+    if not ours.handlers:
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    setup_logging()
     from ..evaluate.compile import ToolchainError
     from ..evaluate.gpu import WorkerError
     try:
