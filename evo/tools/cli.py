@@ -51,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--sample-seed", type=int, default=0)
     rec.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE")
     sub.add_parser("problems", help="list the installed problem plugins")
+    chk = sub.add_parser("check", help="check a problem plugin without a GPU: contract, CPU reference and inputs, "
+                                       "NVRTC compiles of its genomes with ptxas resources")
+    chk.add_argument("problem")
+    chk.add_argument("--sample", type=int, default=16, help="genomes to compile (default 16, defaults included)")
+    chk.add_argument("--all", action="store_true", help="compile every feasible genome")
+    chk.add_argument("--seed", type=int, default=0, help="which sample")
+    chk.add_argument("--shapes", type=int, default=3, help="correctness shapes run on the CPU (default 3)")
     lin = sub.add_parser("lineage", help="how a run's best (or a given) candidate came about, step by step")
     lin.add_argument("run_id")
     lin.add_argument("candidate", nargs="?", help="a candidate id or a unique prefix (default: the run's best)")
@@ -125,6 +132,19 @@ def cmd_problems() -> int:
                   f"{prob.description.split(':')[0]}")
         except registry.PluginError as exc:
             print(f"{name:16s} BROKEN: {exc}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .check import CheckFailed, check
+    if args.sample < 1 or args.shapes < 1:
+        raise ConfigError("--sample and --shapes must be >= 1")
+    try:
+        lines = check(args.problem, None if args.all else args.sample, args.seed, args.shapes)
+    except CheckFailed as exc:
+        print(f"kernel-factory check: {args.problem}: FAILED: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print("\n".join(lines + [f"{args.problem}: ok"]))
     return 0
 
 
@@ -365,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
                 "lineage": cmd_lineage, "export": cmd_export, "bench": cmd_bench, "gap": cmd_gap,
-                "faults": cmd_faults}
+                "faults": cmd_faults, "check": cmd_check}
     return commands.get(args.command, cmd_ui)(args)
 
 
