@@ -29,8 +29,9 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 # A new store logs "Creating initial MLflow database tables..." at INFO from the writer thread, which would land in
-# the middle of the console observer's progress line.
-logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+# the middle of the console observer's progress line; and every failed write logs its SQL and a traceback at ERROR
+# (tens of thousands of lines for a read-only store). The writer counts failures and reports them in one line.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 log = logging.getLogger("kernel_factory.mlflow")
 
 # MLflow 3.17's limits (mlflow/utils/validation.py). Longer values would be truncated with a warning per value,
