@@ -103,7 +103,7 @@ def _prior(cfg: RunConfig, run: build.Run, gpu: str, key: str, run_id: str) -> l
 def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> RunSummary:
     run = build.prepare(cfg)
     kind, why_not_gpu = build.evaluator_kind(cfg)
-    run_id = run_id or new_run_id(run.problem.name)
+    run_id = new_run_id(run.problem.name) if run_id is None else run_id
     folder = run_folder(cfg.out_dir, run_id, resume)
     evaluator = build.make_evaluator(run, kind)
     from .observers.mlflow_store import cases_key

@@ -3,7 +3,6 @@ codes, tracking anywhere MLflow goes. Each test drives the real CLI or run over 
 import errno
 import json
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -175,8 +174,8 @@ def test_mlflow_tracking_uri_is_honoured_and_git_is_tagged(tmp_path, run_yaml, e
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(cli.__file__).parent, capture_output=True,
                           text=True).stdout.strip()
     assert parent.data.tags["kf.git_commit"] == head and parent.data.tags["kf.git_dirty"] in ("true", "false")
-    with pytest.raises(ValueError):
-        parent_run(tmp_path, "moved")   # not in tracking.store
+    from mlflow.tracking import MlflowClient
+    assert MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}").get_experiment_by_name("rmsnorm_fwd") is None
 
 
 def test_system_metrics_are_watched_on_gpu_runs_only(monkeypatch):
@@ -200,7 +199,7 @@ def test_system_metrics_are_watched_on_gpu_runs_only(monkeypatch):
     import pynvml  # noqa: F401  - MLflow's GPU monitor reads the GPU through nvidia-ml-py: it must be installed
 
 
-# ---- 8. exit codes -----------------------------------------------------------------------------------------------------
+# ---- 8. exit codes ---------------------------------------------------------------------------------------------
 
 def test_version(capsys):
     with pytest.raises(SystemExit) as stop:

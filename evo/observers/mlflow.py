@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import lineage
+from .provenance import git_tags
 from ..config import ConfigError, RunConfig
 from ..evaluate import render
 from ..protocols import GenerationStats, Problem, RunInfo, RunSummary
@@ -99,22 +100,6 @@ def open_tracking(tracking: Any) -> tuple[MlflowClient, str]:
     if uri is None:
         return open_store(tracking.store)
     return MlflowClient(tracking_uri=uri), uri
-
-
-def git_tags(folder: Path = Path(__file__).resolve().parent) -> dict[str, str]:
-    """The source's git commit and whether the work tree had changes ({} outside a git checkout)."""
-    import subprocess
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True,
-                                timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if commit.returncode != 0 or dirty.returncode != 0:
-        return {}
-    return {"mlflow.source.git.commit": commit.stdout.strip(), "kf.git_commit": commit.stdout.strip(),
-            "kf.git_dirty": "true" if dirty.stdout.strip() else "false"}
 
 
 class TrackingError(ConfigError):
