@@ -33,6 +33,8 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 # the middle of the console observer's progress line; and every failed write logs its SQL and a traceback at ERROR
 # (tens of thousands of lines for a read-only store). The writer counts failures and reports them in one line.
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+# The system metrics monitor says at INFO when it starts, stops and finds no GPU; only its warnings matter here.
+logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
 log = logging.getLogger("kernel_factory.mlflow")
 
 # MLflow 3.17's limits (mlflow/utils/validation.py). Longer values would be truncated with a warning per value,
