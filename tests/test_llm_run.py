@@ -77,7 +77,8 @@ def test_llm_run_records_every_outcome_lineage_and_never_the_key(replay_config, 
     survivors = set().union(*(r["population"] for r in records if r["event"] == "generation"))
     assert survivors & set(ok), "good LLM children enter the population"
     # The server got the key, in the Authorization header, on every request.
-    assert server.requests and all(r["headers"]["Authorization"] == f"Bearer {KEY}" for r in server.requests)
+    assert server.requests and all({k.lower(): v for k, v in r["headers"].items()}["authorization"] == f"Bearer {KEY}"
+                                   for r in server.requests)
     # ... and it is nowhere else: not in the MLflow store, its artifacts, the journal, or the console.
     out, err = capfd.readouterr()
     assert KEY not in out + err

@@ -35,7 +35,6 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 # The system metrics monitor says at INFO when it starts, stops and finds no GPU; only its warnings matter here.
 logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-log = logging.getLogger("kernel_factory.mlflow")
 
 # MLflow 3.17's limits (mlflow/utils/validation.py). Longer values would be truncated with a warning per value,
 # and an oversized log_batch is rejected as a whole, so we stay inside them ourselves.
@@ -127,8 +126,8 @@ def experiment_id(client: MlflowClient, name: str, artifacts: Path) -> str:
             if exp is None:
                 raise
     if exp.artifact_location != artifacts.as_uri():
-        log.warning(f"mlflow: experiment {name!r} keeps its artifact root {exp.artifact_location}; "
-                    f"tracking.artifacts ({artifacts}) applies only to new experiments")
+        print(f"mlflow: experiment {name!r} keeps its artifact root {exp.artifact_location}; "
+              f"tracking.artifacts ({artifacts}) applies only to new experiments", file=sys.stderr)
     return exp.experiment_id
 
 
@@ -264,7 +263,8 @@ class MlflowObserver:
         if not self.tracking.optional:
             raise TrackingError(message + " (fix the store, set tracking.uri, or set tracking.optional: true to "
                                           "run with the journal only)")
-        log.warning(f"mlflow: {message}; tracking.optional is set, so this run is recorded in its journal only")
+        print(f"mlflow: {message}; tracking.optional is set, so this run is recorded in its journal only",
+              file=sys.stderr)
 
     def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
         if self.writer is None:
@@ -299,9 +299,9 @@ class MlflowObserver:
         if self.writer.first_error is not None:
             err = self.writer.first_error
             first_line = (str(err).strip().splitlines() or [""])[0]
-            log.warning(f"mlflow: {self.writer.failures} write(s) to {self.store} failed, so its record of run "
-                        f"{summary.run_id} is incomplete (the run itself is not affected); first: "
-                        f"{type(err).__name__}: {first_line}")
+            print(f"mlflow: {self.writer.failures} write(s) to {self.store} failed, so its record of run "
+                  f"{summary.run_id} is incomplete (the run itself is not affected); first: "
+                  f"{type(err).__name__}: {first_line}", file=sys.stderr)
 
     # ---- on the writer thread -----------------------------------------------------------------------------------
 
