@@ -103,6 +103,20 @@ class TrackingConfig:
     store: str = "runs/mlflow.db"         # MLflow SQLite file
     artifacts: str = "runs/artifacts"     # MLflow artifact root (fixed when an experiment is created)
     experiment: str | None = None         # None: the problem's name
+    # Any MLflow tracking URI (a tracking server, another database). None: MLFLOW_TRACKING_URI if set, else the
+    # SQLite file `store`.
+    uri: str | None = None
+    optional: bool = False                # a store that cannot be written: warn and go on with the journal only
+
+
+@dataclass(frozen=True)
+class StopConfig:
+    """Rules that end a run early; the first that holds after a generation stops it, and the summary names it."""
+
+    target_fitness: float | None = None   # stop once the best fitness reaches this
+    patience: int | None = None           # stop after this many generations without a better best
+    wall_clock_s: float | None = None     # stop after this many seconds of wall clock
+    gpu_s: float | None = None            # stop after this many GPU-worker seconds spent evaluating
 
 
 @dataclass(frozen=True)
@@ -117,6 +131,7 @@ class RunConfig:
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
+    stop: StopConfig = field(default_factory=StopConfig)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data that parse() accepts again (resume re-reads a run's resolved config from its journal)."""
@@ -293,6 +308,10 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(f"config key 'search.learn_from' must be one of {', '.join(LEARN_FROM)}; "
                           f"got {s.learn_from!r}")
     _check_workers(cfg)
+    for key in ("target_fitness", "patience", "wall_clock_s", "gpu_s"):
+        value = getattr(cfg.stop, key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"config key 'stop.{key}' must be > 0 (or null for no limit), got {value}")
     if cfg.evaluator.kind not in ("auto", "gpu", "replay"):
         raise ConfigError(f"config key 'evaluator.kind' must be one of auto, gpu, replay; got {cfg.evaluator.kind!r}")
 

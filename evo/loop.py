@@ -21,7 +21,7 @@ from typing import Sequence
 from deap import base, tools
 
 from . import accounting
-from .config import SearchConfig
+from .config import SearchConfig, StopConfig
 from .history import History, Record
 from .protocols import Evaluator, GenerationStats, Observer, Retimes, RunSummary, throughput
 from .types import Candidate, EvalResult, GeneSpace, Genome, Status
@@ -42,29 +42,38 @@ class Individual:
 
 @dataclass
 class Budget:
-    generations: int
-    max_evaluations: int | None
-    wall_clock_s: float | None
-    started: float
+    """The stopping rules, checked after every generation; spent() names the first rule that holds."""
 
-    def spent(self, generation: int, evaluations: int) -> str | None:
-        if generation >= self.generations:
-            return "generations"
-        if self.max_evaluations is not None and evaluations >= self.max_evaluations:
-            return "max_evaluations"
-        if self.wall_clock_s is not None and time.monotonic() - self.started >= self.wall_clock_s:
-            return "wall_clock"
-        return None
+    search: SearchConfig
+    stop: StopConfig
+    started: float
+    best: float = 0.0           # the best fitness so far, and the generation that first reached it (patience)
+    best_generation: int = 0
+
+    def spent(self, state: "RunState") -> str | None:
+        s, stop, generation = self.search, self.stop, state.generation
+        best = state.hof[0].fitness.values[0] if len(state.hof) else 0.0
+        if best > self.best:
+            self.best, self.best_generation = best, generation
+        wall = time.monotonic() - self.started
+        rules = [("target_fitness", stop.target_fitness is not None and best >= stop.target_fitness),
+                 ("patience", stop.patience is not None and generation - self.best_generation >= stop.patience),
+                 ("wall_clock", any(w is not None and wall >= w for w in (stop.wall_clock_s, s.wall_clock_s))),
+                 ("gpu_seconds", stop.gpu_s is not None and state.gpu_s() >= stop.gpu_s),
+                 ("max_evaluations", s.max_evaluations is not None and len(state.seen) >= s.max_evaluations),
+                 ("generations", generation >= s.generations)]
+        return next((name for name, holds in rules if holds), None)
 
 
 class RunState:
     """What the run has seen so far, and the bookkeeping after each evaluation and each generation."""
 
     def __init__(self, evaluator: Evaluator, observers: Sequence[Observer], proposer: Proposer,
-                 history: History, search: SearchConfig, run_id: str):
+                 history: History, search: SearchConfig, run_id: str, stop: StopConfig | None = None):
         self.evaluator, self.observers, self.proposer, self.history = evaluator, observers, proposer, history
         self.search, self.run_id = search, run_id
-        self.budget = Budget(search.generations, search.max_evaluations, search.wall_clock_s, time.monotonic())
+        self.budget = Budget(search, stop or StopConfig(), time.monotonic())
+        self.generation = 0
         self.hof = tools.HallOfFame(search.hall_of_fame, similar=lambda a, b: a.candidate.id == b.candidate.id)
         self.logbook = tools.Logbook()
         self.seen: dict[str, Individual] = {}
@@ -88,7 +97,11 @@ class RunState:
             obs.on_results(generation, [(i.candidate, i.result) for i in self.new])
         return self.new
 
+    def gpu_s(self) -> float:
+        return sum(i.result.gpu_s for i in self.seen.values())
+
     def close_generation(self, generation: int, population: list[Individual]) -> None:
+        self.generation = generation
         self.proposer.update(self.history, [(i.candidate, i.result) for i in self.new])
         fits = [i.result.fitness for i in self.seen.values()]
         best = self.hof[0] if len(self.hof) else None
@@ -142,11 +155,29 @@ def case_champions(individuals: Sequence[Individual]) -> list[Candidate]:
 
 def evolve(space: GeneSpace, proposer: Proposer, evaluator: Evaluator, observers: Sequence[Observer],
            search: SearchConfig, rng: random.Random, run_id: str, history: History | None = None,
-           seeds: Sequence[Genome] = ()) -> RunSummary:
-    state = RunState(evaluator, observers, proposer, history or History(), search, run_id)
+           seeds: Sequence[Genome] = (), stop: StopConfig | None = None) -> RunSummary:
+    state = RunState(evaluator, observers, proposer, history or History(), search, run_id, stop)
+    try:
+        stop = _generations(space, proposer, state, search, rng, seeds)
+    except KeyboardInterrupt as exc:   # Ctrl-C or SIGTERM: what was measured so far is the run's outcome
+        raise Interrupted(state.summary(state.generation, "interrupted")) from exc
+    summary = state.summary(state.generation, stop)
+    return replace(summary, finalists=retime_finalists(evaluator, state, search))
+
+
+class Interrupted(Exception):
+    """A run stopped by Ctrl-C or SIGTERM; `summary` holds what it measured (its __cause__ is the interrupt)."""
+
+    def __init__(self, summary: RunSummary):
+        super().__init__("interrupted")
+        self.summary = summary
+
+
+def _generations(space: GeneSpace, proposer: Proposer, state: RunState, search: SearchConfig, rng: random.Random,
+                 seeds: Sequence[Genome]) -> str:
     population = state.evaluate(initial_population(space, search.population, search.init_random, rng, seeds), 0)
     state.close_generation(0, population)
-    generation, stop = 0, state.budget.spent(0, len(state.seen))
+    generation, stop = 0, state.budget.spent(state)
     while stop is None:
         generation += 1
         with seeded_global_random(rng):
@@ -162,9 +193,8 @@ def evolve(space: GeneSpace, proposer: Proposer, evaluator: Evaluator, observers
         with seeded_global_random(rng):
             population = elite + tools.selTournament(rest, search.population - len(elite), search.tournament_size)
         state.close_generation(generation, population)
-        stop = state.budget.spent(generation, len(state.seen))
-    summary = state.summary(generation, stop)
-    return replace(summary, finalists=retime_finalists(evaluator, state, search))
+        stop = state.budget.spent(state)
+    return stop
 
 
 def retime_finalists(evaluator: Evaluator, state: RunState, search: SearchConfig) -> tuple:

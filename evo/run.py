@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import platform
 import random
+import re
 import uuid
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -20,7 +21,7 @@ from .evaluate import render
 from . import build, config as config_mod
 from .config import ConfigError, RunConfig
 from .history import History, Record, cases_key
-from .loop import evolve
+from .loop import Interrupted, evolve
 from .steady import evolve_steady
 from .lessons import to_markdown
 from . import credit
@@ -32,9 +33,43 @@ from .variation import Proposer
 PRIOR_FILE = "prior.jsonl"
 
 
+# A run id names one folder under out_dir and one MLflow tag: letters, digits, '.', '_' and '-', starting with a
+# letter or digit, at most 128 characters (so no '/', no '..', no hidden folder).
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 def new_run_id(problem: str) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"{problem}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
+        raise ConfigError(f"run id {run_id!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', starting "
+                          "with a letter or digit, without '..'")
+    return run_id
+
+
+def run_folder(out_dir: str, run_id: str, resume: bool) -> Path:
+    """The run's folder, created now so that a path that cannot hold it fails before anything is evaluated.
+    An existing run is continued only by resume: a second run under its id would corrupt its journal."""
+    folder = Path(out_dir) / check_run_id(run_id)
+    if not resume and (folder / journal.NAME).exists():
+        raise ConfigError(f"run {run_id!r} already exists in {folder}; continue it with `kernel-factory resume "
+                          f"{run_id} --runs {out_dir}`, or choose another --run-id")
+    blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise ConfigError(f"cannot use {str(folder)!r} as the run folder: {str(blocker)!r} is a file, not a folder "
+                          f"(config key 'out_dir' is {out_dir!r})")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot use {str(folder)!r} as the run folder (out_dir {out_dir!r}): "
+                          f"{exc.strerror or exc}") from None
+    return folder
 
 
 class JournalCache:
@@ -74,8 +109,8 @@ def _prior(cfg: RunConfig, run: build.Run, kind: str, fingerprint: dict, key: st
 def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> RunSummary:
     run = build.prepare(cfg)
     kind, why_not_gpu = build.evaluator_kind(cfg)
-    run_id = run_id or new_run_id(run.problem.name)
-    folder = Path(cfg.out_dir) / run_id
+    run_id = new_run_id(run.problem.name) if run_id is None else run_id
+    folder = run_folder(cfg.out_dir, run_id, resume)
     evaluator = build.make_evaluator(run, kind)
     key = cases_key(run.problem.name, run.cases, run.baseline)
     if resume:
@@ -83,7 +118,6 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
         prior = [Record.from_json(json.loads(line)) for line in (folder / PRIOR_FILE).read_text().splitlines()]
     else:
         prior = _prior(cfg, run, kind, dict(evaluator.info.fingerprint), key, run_id)
-        folder.mkdir(parents=True, exist_ok=True)
         (folder / PRIOR_FILE).write_text("".join(json.dumps(r.to_json()) + "\n" for r in prior))
     history = History(prior)
     seeds = [r.genome for r in history.best(cfg.search.warm_start.count)] if cfg.search.warm_start.enabled else []
@@ -100,25 +134,30 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
                    replace(evaluator.info, fingerprint=fingerprint), run.cases, cfg.out_dir, key,
                    tuple(g.id for g in seeds), len(prior), resume)
     proposer = Proposer(space, run.operators, cfg.search, run.problem, fingerprint)
-    summary = None
+    summary, started, interrupt = None, [], None
     try:
         for obs in observers:
             obs.on_start(info)
+            started.append(obs)
         if cfg.search.mode == "steady":
             summary = evolve_steady(space, proposer, evaluator, observers, cfg.search, cfg.workers,
                                     random.Random(cfg.seed), run_id, history, seeds)
         else:
             summary = evolve(space, proposer, evaluator, observers, cfg.search, random.Random(cfg.seed),
-                             run_id, history, seeds)
+                             run_id, history, seeds, cfg.stop)
         summary = replace(summary, lessons=to_markdown(
             proposer.lessons, run.problem.name, fingerprint.get("gpu", "?"), len(history.records()),
             credit.report(credit.by_operator(history.outcomes())), info.evaluator.replay_note()))
+    except Interrupted as exc:   # the observers close with what was measured; the interrupt goes on to the CLI
+        summary, interrupt = exc.summary, exc.__cause__
     finally:
         evaluator.close()
-        if summary is None:   # interrupted: still close the observers with what was measured
-            summary = RunSummary(run_id, 0, 0, "interrupted", 0.0, 0.0, None, ())
-        for obs in observers:
+        if summary is None:   # stopped before the loop began, or by an error: close with nothing measured
+            summary = RunSummary(run_id, 0, 0, "error", 0.0, 0.0, None, ())
+        for obs in started:
             obs.on_end(summary)
+    if interrupt is not None:
+        raise interrupt
     return summary
 
 
@@ -144,7 +183,7 @@ def table_seeds(path: str | None, problem, space) -> list:
 
 def resume(run_id: str, out_dir: str = "runs") -> RunSummary:
     """Continue a killed run from its journal (same config, seed and snapshot of earlier runs)."""
-    path = Path(out_dir) / run_id / journal.NAME
+    path = Path(out_dir) / check_run_id(run_id) / journal.NAME
     if not path.is_file():
         runs = sorted(p.parent.name for p in Path(out_dir).glob(f"*/{journal.NAME}"))
         raise ConfigError(f"no journal for run {run_id!r} under {out_dir}/; runs there: {', '.join(runs) or 'none'}")

@@ -172,16 +172,25 @@ class Proposer:
         ops = self._available()
         if n <= 0 or not any(op in self.contextual for op in ops):
             return []
+        picks = [(op, [parents[rng.randrange(len(parents))] for _ in range(op.arity)])
+                 for op in rng.choices(ops, weights=[self.probabilities[op.name] for op in ops], k=n)
+                 if op in self.contextual]
         out: list[Candidate] = []
-        for op in rng.choices(ops, weights=[self.probabilities[op.name] for op in ops], k=n):
-            if op in self.contextual:
-                chosen = [parents[rng.randrange(len(parents))] for _ in range(op.arity)]
-                out += self._make(op, chosen, seen | {c.id for c in out}, generation, rng)
+        for op in dict.fromkeys(op for op, _ in picks):
+            sets = [chosen for o, chosen in picks if o is op]
+            # An operator with make_many (the LLM operators) sends its calls of this generation together.
+            made = op.make_many(sets, self.space, rng) if hasattr(op, "make_many") else \
+                [op.make(chosen, self.space, rng) for chosen in sets]
+            for chosen, child in zip(sets, made):
+                out += self._keep(op, chosen, child, seen | {c.id for c in out}, generation)
         return out
 
     def _make(self, op: ContextOperator, chosen: Sequence[Candidate], taken: set[str], generation: int,
               rng: random.Random) -> list[Candidate]:
-        made = op.make(chosen, self.space, rng)
+        return self._keep(op, chosen, op.make(chosen, self.space, rng), taken, generation)
+
+    def _keep(self, op: ContextOperator, chosen: Sequence[Candidate], made: Candidate, taken: set[str],
+              generation: int) -> list[Candidate]:
         child = Candidate(made.genome, tuple(dict.fromkeys(c.id for c in chosen)), op.name, generation, made.notes,
                           made.failure)
         if child.id in taken or self.space.why_infeasible(child.genome.gene_dict) is not None:

@@ -22,8 +22,9 @@ LEDGER = "llm.ledger"    # key of the run-wide ledger in OperatorContext.shared
 
 class LlmOperator:
     """Base of llm_rewrite and llm_repair. Options (config `search.operators.<name>`): agents (a list of
-    {name, base_url, model, api_key_env | no_key, temperature, max_tokens, timeout_s, weight, price_in_per_mtok,
-    price_out_per_mtok}), budget_usd (the most the run may spend on LLM calls, counted over every LLM operator;
+    {name, base_url, model, api_key_env | no_key, max_completion_tokens, max_prompt_tokens, max_concurrent,
+    timeout_s, temperature, top_p, seed, reasoning_effort, weight, price_in_per_mtok, price_out_per_mtok}: see
+    llm_client.Agent), budget_usd (the most the run may spend on LLM calls, counted over every LLM operator;
     None: no limit) and gpu_usd_per_hour (what a GPU-second costs when agents are compared)."""
 
     name = "llm"
@@ -60,15 +61,36 @@ class LlmOperator:
         why = self.unavailable or self._spent() or (None if self.context else f"{self.name} is not attached to a run")
         if why:
             return failed(parent, Status.LLM_ERROR, why, {}, LLM_ERROR, why, rng)
-        prompt = self.prompt(parent)
-        return self.child(parent, prompt, self.ask(prompt, rng), rng)
+        agent = self.pool.pick(rng)
+        prompt = self.prompt(parent, llm_prompts.user_budget(agent.max_prompt_tokens))
+        return self.child(parent, prompt, self._paid(self.client.chat(agent, llm_prompts.messages(prompt))), rng)
 
-    def prompt(self, parent: Candidate) -> str:
+    def make_many(self, parent_sets: Sequence[Sequence[Candidate]], space: GeneSpace,
+                  rng: random.Random) -> list[Candidate]:
+        """Several children with their calls in flight together (each agent's max_concurrent at most). Agents,
+        prompts and children are made in order on this thread, so a seed gives the same children as make()."""
+        asked, out = [], []
+        for parents in parent_sets:
+            why = self.unavailable or self._spent() or (None if self.context else f"{self.name} is not attached")
+            if why:
+                asked.append((parents[0], None, why))
+                continue
+            agent = self.pool.pick(rng)
+            budget = llm_prompts.user_budget(agent.max_prompt_tokens)
+            asked.append((parents[0], agent, self.prompt(parents[0], budget)))
+        sent = [(agent, llm_prompts.messages(prompt)) for _, agent, prompt in asked if agent is not None]
+        replies = iter(self.client.chat_many(sent))
+        for parent, agent, prompt in asked:
+            if agent is None:
+                out.append(failed(parent, Status.LLM_ERROR, prompt, {}, LLM_ERROR, prompt, rng))
+            else:
+                out.append(self.child(parent, prompt, self._paid(next(replies)), rng))
+        return out
+
+    def prompt(self, parent: Candidate, budget_tokens: int | None = None) -> str:
         raise NotImplementedError
 
-    def ask(self, prompt: str, rng: random.Random) -> Reply:
-        agent = self.pool.pick(rng)
-        reply = self.client.chat(agent, llm_prompts.messages(prompt))
+    def _paid(self, reply: Reply) -> Reply:
         self.ledger.spent_usd += reply.cost_usd
         self.ledger.calls += 1
         return reply

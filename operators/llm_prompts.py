@@ -11,11 +11,17 @@ from ..evo.protocols import OperatorContext
 from ..evo.regions import regions
 from ..evo.types import Candidate, Case, EvalResult, Status
 from . import llm_edits
+from .llm_client import CHARS_PER_TOKEN, estimate_tokens
 
 MAX_SOURCE_CHARS = 40_000     # the RMSNorm template renders to ~16 k; a larger one is cut with a note
 MAX_MESSAGE_CHARS = 3_000     # a compiler log or mismatch summary in a repair prompt
 MAX_REASON_CHARS = 300        # one failed relative's reason
 MAX_LESSONS_CHARS = 6_000
+# The prompt budget's trimming rule: while a prompt's estimated tokens exceed the agent's max_prompt_tokens, these
+# parts are cut from their end, in this order, each only as far as needed; the source, genes, measurements and
+# reply format are never cut, and a prompt that still does not fit is not sent (an llm_error child says so).
+TRIM_REWRITE = ("lessons", "failed", "best")
+TRIM_REPAIR = ("message",)
 PROMPTS = Path(__file__).resolve().parent / "prompts"   # beside this module in a wheel and in an editable install
 
 
@@ -25,6 +31,19 @@ def template(name: str) -> string.Template:
 
 def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
+
+
+def fit(tpl: string.Template, fields: dict[str, str], budget_tokens: int | None, order: Sequence[str]) -> str:
+    """The template filled, with the parts in `order` cut (each from its end, as little as needed) to fit."""
+    text = tpl.substitute(fields)
+    for key in order if budget_tokens is not None else ():
+        over = estimate_tokens(text) - budget_tokens
+        if over <= 0:
+            break
+        keep = max(0, len(fields[key]) - math.ceil(over * CHARS_PER_TOKEN) - 60)   # room for the cut note
+        fields = fields | {key: clip(fields[key], keep)}
+        text = tpl.substitute(fields)
+    return text
 
 
 def dtype_of(context: OperatorContext, result: EvalResult | None) -> str:
@@ -91,7 +110,7 @@ def common(context: OperatorContext, candidate: Candidate, result: EvalResult | 
             "source": source(context, candidate, result), "format": llm_edits.FORMAT}
 
 
-def rewrite(context: OperatorContext, parent: Candidate, count: int) -> str:
+def rewrite(context: OperatorContext, parent: Candidate, count: int, budget_tokens: int | None = None) -> str:
     result = context.results.get(parent.id, (None, None))[1]
     fp = context.fingerprint
     copy_gbps = float(fp.get("copy_gbps") or 0)
@@ -102,21 +121,27 @@ def rewrite(context: OperatorContext, parent: Candidate, count: int) -> str:
         "measurements": measurements(result, copy_gbps), "ptxas": ptxas(result),
         "best": best(context.results, count), "failed": failed(context.results, parent, count),
         "lessons": clip(context.lessons, MAX_LESSONS_CHARS) or "none yet"}
-    return template("rewrite").substitute(fields)
+    return fit(template("rewrite"), fields, budget_tokens, TRIM_REWRITE)
 
 
 def repair(context: OperatorContext, failed_one: Candidate, result: EvalResult, attempt: int,
-           max_attempts: int) -> str:
+           max_attempts: int, budget_tokens: int | None = None) -> str:
     logs = [b.log for b in result.build.values() if b.log and result.status is Status.COMPILE_ERROR]
     message = "\n".join(dict.fromkeys([result.message, *logs]))   # the evaluator may repeat the log in message
     fields = common(context, failed_one, result) | {
         "patched": ", ".join(name for name, _ in failed_one.genome.patch), "status": result.status.value,
         "message": clip(message.strip() or "no details", MAX_MESSAGE_CHARS), "attempt": str(attempt),
         "max_attempts": str(max_attempts)}
-    return template("repair").substitute(fields)
+    return fit(template("repair"), fields, budget_tokens, TRIM_REPAIR)
+
+
+SYSTEM = "You are an expert CUDA and PTX performance engineer. You reply with one strictly formatted code edit."
 
 
 def messages(prompt: str) -> Sequence[Mapping[str, str]]:
-    return [{"role": "system", "content": "You are an expert CUDA and PTX performance engineer. You reply with "
-                                          "one strictly formatted code edit."},
-            {"role": "user", "content": prompt}]
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+
+
+def user_budget(max_prompt_tokens: int) -> int:
+    """The user message's share of an agent's prompt budget (the system message takes the rest)."""
+    return max_prompt_tokens - estimate_tokens(SYSTEM)

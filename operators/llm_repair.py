@@ -38,6 +38,7 @@ class LlmRepair(LlmOperator):
                   and self.attempts(c) < self.max_attempts]
         return picked[:self.max_per_generation]
 
-    def prompt(self, parent: Candidate) -> str:
+    def prompt(self, parent: Candidate, budget_tokens: int | None = None) -> str:
         result = self.context.results[parent.id][1]
-        return llm_prompts.repair(self.context, parent, result, self.attempts(parent) + 1, self.max_attempts)
+        return llm_prompts.repair(self.context, parent, result, self.attempts(parent) + 1, self.max_attempts,
+                                  budget_tokens)

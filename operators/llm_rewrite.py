@@ -22,5 +22,5 @@ class LlmRewrite(LlmOperator):
             raise ValueError(f"relatives must be >= 0, got {relatives}")
         self.relatives = relatives
 
-    def prompt(self, parent: Candidate) -> str:
-        return llm_prompts.rewrite(self.context, parent, self.relatives)
+    def prompt(self, parent: Candidate, budget_tokens: int | None = None) -> str:
+        return llm_prompts.rewrite(self.context, parent, self.relatives, budget_tokens)

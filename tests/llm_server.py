@@ -3,7 +3,9 @@ over real HTTP, and the H200 run gets its edits, without a model: replies come f
 is recorded for the tests to inspect.
 
 A script is {"steps": [step, ...], "default": step | null}. A step is {"reply": text, "status": 200, "delay_s": 0,
-"retry_after": null, "match": text | [text, ...], "usage": {"prompt_tokens": n, "completion_tokens": n}}. Each
+"retry_after": null, "match": text | [text, ...], "usage": {"prompt_tokens": n, "completion_tokens": n},
+"reject": [parameter, ...], "raw": text}: `reject` answers HTTP 400 "Unsupported parameter" (as reasoning models do)
+when the request carries one of those parameters; `raw` sends that text as a 200 body (a malformed reply). Each
 request is served the first unused step whose `match` strings all occur in its messages (a step without `match`
 fits any request), else `default` (which is never used up), else HTTP 400 "script exhausted".
 
@@ -45,6 +47,8 @@ class ScriptedServer:
         self.script = Script(script)
         self.requests: list[dict[str, Any]] = []
         self.log = log
+        self.in_flight = self.max_in_flight = 0   # requests being served at once, and the most ever
+        self.flight_lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="llm-server", daemon=True)
@@ -84,7 +88,21 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
             step = server.script.next(prompt)
             if step is None:
                 return self._send(400, {"error": {"message": "script exhausted"}})
-            time.sleep(float(step.get("delay_s", 0)))
+            rejected = [p for p in step.get("reject", []) if p in body]
+            if rejected:
+                return self._send(400, {"error": {"message": f"Unsupported parameter: '{rejected[0]}' is not "
+                                                             "supported with this model.", "param": rejected[0],
+                                                  "type": "invalid_request_error"}})
+            with server.flight_lock:
+                server.in_flight += 1
+                server.max_in_flight = max(server.max_in_flight, server.in_flight)
+            try:
+                time.sleep(float(step.get("delay_s", 0)))
+            finally:
+                with server.flight_lock:
+                    server.in_flight -= 1
+            if "raw" in step:
+                return self._send_raw(200, step["raw"].encode())
             status = int(step.get("status", 200))
             if status != 200:
                 return self._send(status, {"error": {"message": step.get("reply", "scripted error")}},
@@ -98,7 +116,9 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                              "usage": {**usage, "total_tokens": sum(usage.values())}})
 
         def _send(self, status: int, payload: Mapping[str, Any], retry_after: Any = None) -> None:
-            data = json.dumps(payload).encode()
+            self._send_raw(status, json.dumps(payload).encode(), retry_after)
+
+        def _send_raw(self, status: int, data: bytes, retry_after: Any = None) -> None:
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

@@ -59,7 +59,10 @@ def test_cli_compare_writes_the_section(tmp_path, capsys):
     (tmp_path / "before.json").write_text(json.dumps(bench({256: 100.0, 512: 100.0})))
     (tmp_path / "now.json").write_text(json.dumps(bench({256: 110.0, 512: 100.0})))
     assert cli.main(["bench", "--from", str(tmp_path / "now.json"), "--compare", str(tmp_path / "before.json"),
-                     "--out", str(tmp_path / "out")]) == 0
+                     "--out", str(tmp_path / "out")]) == cli.EXIT_FAILED, "a regression fails the command (CI)"
+    assert "1 row(s) regressed by more than 2%" in capsys.readouterr().err
+    assert cli.main(["bench", "--from", str(tmp_path / "now.json"), "--compare", str(tmp_path / "before.json"),
+                     "--out", str(tmp_path / "out"), "--report-only"]) == 0
     md = (tmp_path / "out/bench.md").read_text()
     assert f"## Against {tmp_path / 'before.json'}" in md and "2 rows in both: **1 regression**, 0 improvements, 1 within" in md
     assert "| rmsnorm_fwd | bfloat16:1024x256 | 1.000 | 0.909 | -9.1% | ±2.0% | 100.0 → 110.0 | **regression** |" in md

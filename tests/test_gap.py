@@ -123,7 +123,9 @@ def test_a_copy_timed_at_the_rows_size_sets_the_ceiling(setup):
 
 def test_gap_cli_writes_the_report(setup, capsys):
     folder, targets, _ = setup
-    assert cli.main(["gap", str(write_targets(folder, targets)), "--out", str(folder / "out")]) == 0
+    assert cli.main(["gap", str(write_targets(folder, targets)), "--out", str(folder / "out")]) == cli.EXIT_FAILED
+    assert "1 target(s) not met" in capsys.readouterr().err, "a missed target fails the command (CI)"
+    assert cli.main(["gap", str(write_targets(folder, targets)), "--out", str(folder / "out"), "--report-only"]) == 0
     text = (folder / "out" / "gap.md").read_text()
     assert text in capsys.readouterr().out and "**not met**" in text and A in text
     assert json.loads((folder / "out" / "gap.json").read_text())["format"] == gap.FORMAT

@@ -159,16 +159,19 @@ def test_429_is_retried_honouring_retry_after_and_5xx_gives_up(rmsnorm, serve):
 
 
 def test_timeout_and_oversized_prompt_are_llm_errors(rmsnorm, serve):
-    server = serve([{"reply": GOOD, "delay_s": 3}])
+    server = serve([], default={"reply": GOOD, "delay_s": 3})
     op = LlmRewrite(agents=[agent(server, timeout_s=0.5)])
+    op.client = ChatClient(max_attempts=2, sleep=lambda s: None)
     parent, result = parent_of(rmsnorm)
     op.attach(context(rmsnorm, [(parent, result)]))
     child = op.make([parent], rmsnorm.space, random.Random(0))
     assert child.failure[0] == Status.LLM_ERROR.value and "timed out" in child.failure[1]
-    op.client.max_prompt_chars = 100
+    assert "gave up after 2 attempts" in child.failure[1] and len(server.requests) == 2
+    op = LlmRewrite(agents=[agent(server, max_prompt_tokens=100)])
+    op.attach(context(rmsnorm, [(parent, result)]))
     child = op.make([parent], rmsnorm.space, random.Random(0))
-    assert child.failure[0] == Status.LLM_ERROR.value and "exceeds the limit" in child.failure[1]
-    assert len(server.requests) == 1
+    assert child.failure[0] == Status.LLM_ERROR.value and "exceeds the agent's max_prompt_tokens" in child.failure[1]
+    assert len(server.requests) == 2
 
 
 def test_budget_stops_calls_once_spent(rmsnorm, serve):

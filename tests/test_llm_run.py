@@ -29,7 +29,8 @@ SCRIPT = {"steps": [{"match": REWRITE, "status": 429, "retry_after": 0},
                     {"match": REWRITE, "reply": COMMENT},
                     {"match": REWRITE, "reply": MISMATCH},
                     {"match": REWRITE, "reply": GARBAGE},
-                    {"match": REWRITE, "reply": "too slow", "delay_s": 2.5},
+                    # A timeout is retried (4 attempts in all): four slow answers in a row make an llm_error.
+                    *[{"match": REWRITE, "reply": "too slow", "delay_s": 2.5}] * 4,
                     {"match": REWRITE, "reply": BROKEN},
                     {"match": REWRITE, "reply": HOST},
                     {"match": [REPAIR, 'expected a ";"'], "reply": FIXED}],
@@ -38,7 +39,8 @@ SCRIPT = {"steps": [{"match": REWRITE, "status": 429, "retry_after": 0},
 
 def llm_config(replay_config, server, key_env="KF_TEST_LLM_KEY"):
     agent = {"name": "scripted-local", "base_url": server.base_url, "model": "scripted", "api_key_env": key_env,
-             "timeout_s": 1.0, "price_in_per_mtok": 2.0, "price_out_per_mtok": 8.0}
+             "timeout_s": 1.0, "price_in_per_mtok": 2.0, "price_out_per_mtok": 8.0,
+             "max_concurrent": 1}   # one call at a time, so that the scripted steps meet the calls in order
     search = {"population": 8, "generations": 4, "policy": "static",
               "operators": {"gene_mutation": {"weight": 0.5},
                             "llm_rewrite": {"weight": 0.5, "agents": [agent], "budget_usd": 5.0},
@@ -75,7 +77,8 @@ def test_llm_run_records_every_outcome_lineage_and_never_the_key(replay_config, 
     survivors = set().union(*(r["population"] for r in records if r["event"] == "generation"))
     assert survivors & set(ok), "good LLM children enter the population"
     # The server got the key, in the Authorization header, on every request.
-    assert server.requests and all(r["headers"]["Authorization"] == f"Bearer {KEY}" for r in server.requests)
+    assert server.requests and all({k.lower(): v for k, v in r["headers"].items()}["authorization"] == f"Bearer {KEY}"
+                                   for r in server.requests)
     # ... and it is nowhere else: not in the MLflow store, its artifacts, the journal, or the console.
     out, err = capfd.readouterr()
     assert KEY not in out + err

@@ -94,8 +94,9 @@ def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, synthetic_reco
 
 
 def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recording):
-    """`timeout` and job schedulers stop with SIGTERM: the run ends as after Ctrl-C (exit 130, an `end` record that
-    says interrupted, MLflow's run closed with that reason), and resume carries on from there."""
+    """`timeout` and job schedulers stop with SIGTERM: the run ends as after Ctrl-C (exit 143, an `end` record that
+    says interrupted and holds what was measured, MLflow's parent run KILLED with its metrics and summary), and
+    resume carries on from there."""
     run_id = "sigterm-test"
     cfg = write_config(tmp_path, synthetic_recording)
     path = tmp_path / "runs" / run_id / "journal.jsonl"
@@ -107,16 +108,20 @@ def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recor
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == 143, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
-    end = journal.records(path)[-1]
+    records = journal.records(path)
+    end = records[-1]
+    measured = [r for r in records if r["event"] == "result"]
     assert end["event"] == "end" and end["stop_reason"] == "interrupted"
+    assert end["evaluations"] == len(measured) >= 3 and end["best"] is not None
     from mlflow.tracking import MlflowClient
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rmsnorm_fwd")
     (parent,) = client.search_runs([exp.experiment_id],
                                    f"tags.`kf.run_id` = '{run_id}' and tags.`kf.kind` = 'evolution'")
-    assert parent.info.status == "FINISHED" and parent.data.tags["kf.stop_reason"] == "interrupted"
+    assert parent.info.status == "KILLED" and parent.data.tags["kf.stop_reason"] == "interrupted"
+    assert parent.data.metrics["evaluations_total"] == len(measured) and parent.data.metrics["final_best_fitness"] > 0
     done = subprocess.run([*CLI, "resume", run_id, "--runs", str(tmp_path / "runs")], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,27 +1,43 @@
-"""Console output: what is being evaluated where, a progress bar while a generation runs, and one summary line
-per generation. Writes to stderr so that stdout stays clean for machine-readable output."""
+"""Console output: what is being evaluated where, a progress bar with rate and ETA while a run goes, and one
+summary line per generation, all through `logging` (the CLI sends it to stderr); the run's result, its best
+candidate, is the one line printed to stdout, so that `kernel-factory run ... > best.txt` keeps just that."""
 from __future__ import annotations
 
+import logging
 import sys
-from typing import Any, Sequence, TextIO
+import time
+from typing import Any, Callable, Sequence, TextIO
 
 from ..accounting import headline
 from ..protocols import GenerationStats, RunInfo, RunSummary
 from ..types import Candidate, EvalResult
 
 BAR = 24
+log = logging.getLogger("kernel_factory.run")
+
+
+def progress(done: int, total: int, elapsed_s: float, what: str = "evaluated") -> str:
+    """`[#####.....] 12/48 evaluated, 3.1/s, ETA 12 s`: the rate so far and the time left at that rate."""
+    total = max(total, done)
+    filled = int(BAR * done / total) if total else BAR
+    rate = done / elapsed_s if elapsed_s > 0 else 0.0
+    eta = f"ETA {(total - done) / rate:.0f} s" if rate > 0 and done < total else "ETA -"
+    return f"[{'#' * filled}{'.' * (BAR - filled)}] {done}/{total} {what}, {rate:.1f}/s, {eta}"
 
 
 class ConsoleObserver:
-    def __init__(self, problem: Any = None, config: Any = None, stream: TextIO | None = None):
-        self.out = stream or sys.stderr
+    def __init__(self, problem: Any = None, config: Any = None, stream: TextIO | None = None,
+                 result_stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic):
+        self.progress_stream = stream or sys.stderr   # a terminal gets one bar redrawn in place
+        self.results = result_stream   # None: sys.stdout at the time of writing (pytest's capture replaces it)
         self.total_evals: int | None = None
         self.done = 0
-        self.tty = self.out.isatty()
+        self.clock, self.started = clock, clock()
+        self.tty = self.progress_stream.isatty()
         self.replay = ""   # the replay label (protocols.replay_note) the closing lines carry, "" when live
 
     def _print(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        log.info(text)
 
     def on_start(self, run: RunInfo) -> None:
         search = run.config["search"]
@@ -37,17 +53,15 @@ class ConsoleObserver:
 
     def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
         self.done += len(results)
-        total = max(self.total_evals or self.done, self.done)
-        filled = int(BAR * self.done / total)
-        line = f"[{'#' * filled}{'.' * (BAR - filled)}] {self.done}/{total} evaluated"
+        line = progress(self.done, self.total_evals or self.done, self.clock() - self.started)
         if self.tty:
-            print("\r" + line, end="", file=self.out, flush=True)
+            print("\r" + line, end="", file=self.progress_stream, flush=True)
         else:
             self._print(line)
 
     def on_generation(self, stats: GenerationStats) -> None:
         if self.tty:
-            print("\r", end="", file=self.out)
+            print("\r", end="", file=self.progress_stream)
         counts = " ".join(f"{k}={v}" for k, v in sorted(stats.counts.items()))
         self._print(f"gen {stats.generation:3d} | evals {stats.evaluations:5d} | best {stats.best_fitness:.4f}x "
                     f"({stats.best_id}) | median {stats.median_fitness:.4f}x | {counts} | {stats.wall_s:6.1f} s")
@@ -71,6 +85,6 @@ class ConsoleObserver:
             self._print("no candidate passed correctness")
             return
         cand, res = summary.best
-        self._print(f"best {cand.id}: fitness {res.fitness:.4f}x vs baseline (geomean over "
-                    f"{len(res.times_us)} cases) genes {cand.genome.gene_dict}"
-                    + (f" [{self.replay}]" if self.replay else ""))
+        print(f"best {cand.id}: fitness {res.fitness:.4f}x vs baseline (geomean over "
+              f"{len(res.times_us)} cases) genes {cand.genome.gene_dict}"
+              + (f" [{self.replay}]" if self.replay else ""), file=self.results or sys.stdout, flush=True)

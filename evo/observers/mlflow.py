@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import lineage
-from ..config import RunConfig
+from .provenance import git_tags
+from ..config import ConfigError, RunConfig
 from ..evaluate import render
 from ..prior import open_store, search_all   # before mlflow: prior sets MLflow's environment defaults
 from ..protocols import EvaluatorInfo, GenerationStats, Problem, RunInfo, RunSummary
@@ -28,8 +29,11 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 # A new store logs "Creating initial MLflow database tables..." at INFO from the writer thread, which would land in
-# the middle of the console observer's progress line.
-logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+# the middle of the console observer's progress line; and every failed write logs its SQL and a traceback at ERROR
+# (tens of thousands of lines for a read-only store). The writer counts failures and reports them in one line.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+# The system metrics monitor says at INFO when it starts, stops and finds no GPU; only its warnings matter here.
+logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
 
 # MLflow 3.17's limits (mlflow/utils/validation.py). Longer values would be truncated with a warning per value,
 # and an oversized log_batch is rejected as a whole, so we stay inside them ourselves.
@@ -59,6 +63,24 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/ ]")
 def safe_key(text: str) -> str:
     """A metric/param/tag name MLflow accepts on every platform: unsafe characters become '_'."""
     return _UNSAFE.sub("_", text)[:MAX_KEY]
+
+
+def tracking_uri(tracking: Any) -> str | None:
+    """The tracking URI a run writes to: the config's tracking.uri, else MLFLOW_TRACKING_URI, else None (the
+    SQLite file tracking.store, through open_store)."""
+    return tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
+def open_tracking(tracking: Any) -> tuple[MlflowClient, str]:
+    """A client on the run's tracking backend (see tracking_uri)."""
+    uri = tracking_uri(tracking)
+    if uri is None:
+        return open_store(tracking.store)
+    return MlflowClient(tracking_uri=uri), uri
+
+
+class TrackingError(ConfigError):
+    """The tracking store cannot be written (read-only, unreachable, broken): one line, raised at the run's start."""
 
 
 def ui_command(store: str | os.PathLike[str], artifacts: str | os.PathLike[str], host: str = "127.0.0.1",
@@ -182,7 +204,9 @@ class MlflowObserver:
 
     def __init__(self, problem: Problem, config: RunConfig):
         self.problem = problem
-        self.store = Path(config.tracking.store).resolve()   # relative to the CWD the run starts in
+        self.tracking = config.tracking
+        self.store = tracking_uri(config.tracking) or Path(config.tracking.store).resolve()   # relative to the CWD
+        self.monitor: Any = None   # MLflow's system metrics monitor (GPU runs)
         self.artifacts = Path(config.tracking.artifacts).resolve()
         self.experiment = config.tracking.experiment or problem.name
         self.dtypes = tuple(config.dtypes or problem.dtypes[:1])   # rendered when a result has no build info
@@ -203,8 +227,24 @@ class MlflowObserver:
         self.run = run
         self.writer = _Writer()
         self.writer.submit(self._start)
+        self.writer.drain()   # a store that cannot be written fails here, once, before anything is evaluated
+        if self.writer.first_error is None:
+            return
+        err, self.writer = self.writer.first_error, None
+        self.writer_closed_by_error(err)
+
+    def writer_closed_by_error(self, err: BaseException) -> None:
+        first_line = (str(err).strip().splitlines() or [""])[0][:300]
+        message = f"MLflow tracking at {self.store} cannot be written: {type(err).__name__}: {first_line}"
+        if not self.tracking.optional:
+            raise TrackingError(message + " (fix the store, set tracking.uri, or set tracking.optional: true to "
+                                          "run with the journal only)")
+        print(f"mlflow: {message}; tracking.optional is set, so this run is recorded in its journal only",
+              file=sys.stderr)
 
     def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
+        if self.writer is None:
+            return
         self.seen.extend(results)
         for usage in filter(None, (llm_usage(c) for c, _ in results)):
             for figure in LLM_FIGURES:
@@ -214,6 +254,8 @@ class MlflowObserver:
             self.writer.submit(functools.partial(self._log_candidate, generation, candidate, result))
 
     def on_generation(self, stats: GenerationStats) -> None:
+        if self.writer is None:
+            return
         llm = {f"llm_{k}": v for k, v in self.llm_generation.items()}
         self.llm_generation = dict.fromkeys(LLM_FIGURES, 0.0)
         self.writer.submit(functools.partial(self._log_generation, stats, llm))
@@ -248,9 +290,10 @@ class MlflowObserver:
 
     def _start(self) -> None:
         run = self.run
-        self.client, _ = open_store(self.store)
+        self.client, uri = open_tracking(self.tracking)
         self.experiment_id = experiment_id(self.client, self.experiment, self.artifacts)
         if self._reattach():   # resume, or a re-run of a run id that died before its journal started
+            self._monitor(uri)
             return
         tags = {"kf.run_id": run.run_id, "kf.problem": run.problem, "kf.kind": "evolution",
                 "kf.evaluator": run.evaluator.kind, "kf.evaluator_label": run.evaluator.label,
@@ -258,11 +301,22 @@ class MlflowObserver:
                 "kf.warm_start": f"{len(run.warm_start)} genomes from earlier runs" if run.warm_start else "none",
                 "kf.warm_start_ids": ",".join(run.warm_start)}
         tags.update(source_tags(run.evaluator))
+        tags.update(git_tags())
         parent = self.client.create_run(self.experiment_id, run_name=run.run_id, tags=_tags(tags))
         self.parent_id = parent.info.run_id
+        self._monitor(uri)
         params = flatten(run.config) | {"seed": str(run.seed)}
         self._log_batch(self.parent_id, params=_params(params))
         self.client.log_text(self.parent_id, json.dumps(run.config, indent=2, default=str), "config.json")
+
+    def _monitor(self, uri: str) -> None:
+        """MLflow's system metrics (GPU utilisation and memory through nvidia-ml-py, CPU, RAM) on the parent run,
+        only while a GPU evaluator runs: a replay run has no GPU to watch."""
+        if self.run.evaluator.kind != "gpu":
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        self.monitor = SystemMetricsMonitor(self.parent_id, resume_logging=self.run.resumed, tracking_uri=uri)
+        self.monitor.start()
 
     def _reattach(self) -> bool:
         """Continue this run id's parent run if the store has one (resume): keep its finished children and drop
@@ -355,7 +409,11 @@ class MlflowObserver:
                              "summary.json")
         if summary.lessons:
             self.client.log_text(self.parent_id, summary.lessons, "lessons.md")
-        self.client.set_terminated(self.parent_id, status="FINISHED")
+        if self.monitor is not None:
+            self.monitor.finish()
+        # KILLED: stopped by Ctrl-C or SIGTERM, with what it measured logged; `kernel-factory resume` continues it.
+        self.client.set_terminated(self.parent_id,
+                                   status="KILLED" if summary.stop_reason == "interrupted" else "FINISHED")
 
 
 def accounting_metrics(books: Mapping[str, Any]) -> dict[str, float]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
+import re
 import signal
-import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -17,12 +19,23 @@ from .. import registry
 from ..config import ConfigError
 
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143   # 128 + SIGTERM
+EXIT_FAILED = 1         # the command ran and its answer is "no": a regression, a missed target, no correct candidate
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that everything closes the same way; only the exit code differs."""
+
+
+def interrupt_code(exc: BaseException) -> int:
+    return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
 EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, as the shell reports a pipe closed by its reader
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-factory", description="Evolve CUDA C++ kernels with inline PTX.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an evolutionary search from a YAML config")
     run.add_argument("config")
@@ -39,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--sample-seed", type=int, default=0)
     rec.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE")
     sub.add_parser("problems", help="list the installed problem plugins")
+    chk = sub.add_parser("check", help="check a problem plugin without a GPU: contract, CPU reference and inputs, "
+                                       "NVRTC compiles of its genomes with ptxas resources")
+    chk.add_argument("problem")
+    chk.add_argument("--sample", type=int, default=16, help="genomes to compile (default 16, defaults included)")
+    chk.add_argument("--all", action="store_true", help="compile every feasible genome")
+    chk.add_argument("--seed", type=int, default=0, help="which sample")
+    chk.add_argument("--shapes", type=int, default=3, help="correctness shapes run on the CPU (default 3)")
     lin = sub.add_parser("lineage", help="how a run's best (or a given) candidate came about, step by step")
     lin.add_argument("run_id")
     lin.add_argument("candidate", nargs="?", help="a candidate id or a unique prefix (default: the run's best)")
@@ -74,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
                           "before and now, regressions first")
     ben.add_argument("--regression-pct", type=float, default=2.0,
                      help="a fall in a row's ratio to the best peer larger than this (%%) is a regression")
+    ben.add_argument("--report-only", action="store_true",
+                     help="exit 0 even when --compare finds a regression (default: exit 1)")
     ben.add_argument("--from", dest="from_json", nargs="+", metavar="JSON",
                      help="re-render a recorded bench or suite JSON, or join several bench JSONs into one suite "
                           "report (no GPU needed)")
@@ -81,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     gap.add_argument("targets", help="a targets YAML (e.g. configs/targets/rmsnorm-h200.yaml)")
     gap.add_argument("--out", help="folder for gap.md and gap.json")
     gap.add_argument("--stem", default="gap", help="file name stem in --out")
+    gap.add_argument("--report-only", action="store_true",
+                     help="exit 0 even when a target is missed (default: exit 1)")
     rep = sub.add_parser("report", help="write the results page from the committed raw results (no GPU)")
     rep.add_argument("--out", default="docs/results.md", help="the page to write (default docs/results.md)")
     rep.add_argument("--check", action="store_true", help="write nothing; exit 1 if --out differs from the page, or "
@@ -93,11 +117,21 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--check", action="store_true", help="write nothing; exit 1 if a header is stale or missing")
     gen.add_argument("--dir", help="the folder of the templates (e.g. a plugin's source folder, when the plugin is "
                                    "installed as a copy); default: kernels/ and each problem module's folder")
-    ui = sub.add_parser("ui", help="serve the MLflow UI over the run store on 127.0.0.1")
+    ui = sub.add_parser("ui", help="serve the MLflow UI over the run store (on 127.0.0.1 unless --host)")
     ui.add_argument("--store", default="runs/mlflow.db")
     ui.add_argument("--artifacts", default="runs/artifacts")
     ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 shares it)")
     return p
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("ptx-kernel-factory")
+    except PackageNotFoundError:   # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def cmd_problems() -> int:
@@ -109,6 +143,19 @@ def cmd_problems() -> int:
                   f"{prob.description.split(':')[0]}")
         except registry.PluginError as exc:
             print(f"{name:16s} BROKEN: {exc}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .check import CheckFailed, check
+    if args.sample < 1 or args.shapes < 1:
+        raise ConfigError("--sample and --shapes must be >= 1")
+    try:
+        lines = check(args.problem, None if args.all else args.sample, args.seed, args.shapes)
+    except CheckFailed as exc:
+        print(f"kernel-factory check: {args.problem}: FAILED: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print("\n".join(lines + [f"{args.problem}: ok"]))
     return 0
 
 
@@ -167,13 +214,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench, bench_report, bench_suite
+    stopped = EXIT_INTERRUPTED
     if args.from_json:
         result = recorded_bench(args.from_json)
     else:
         so_far: list[dict] = []
 
+        started = time.monotonic()
+
         def keep(partial: dict) -> None:   # the JSON after every case: even a killed bench leaves its rows
             so_far[:] = [partial]
+            bench_progress(partial, time.monotonic() - started)
             if args.out:
                 bench_report.write_json(partial, args.out, args.stem)
         try:
@@ -194,11 +245,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                    [b for b in args.baselines.split(",") if b] if args.baselines is not None else None,
                                    args.reps or 50, args.repeat or 1,
                                    30.0 if args.graph_below_us is None else args.graph_below_us, on_row=keep)
-        except KeyboardInterrupt:   # Ctrl-C, or SIGTERM (main): report what was measured
+        except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (main): report what was measured
+            stopped = interrupt_code(exc)
             if not so_far:
                 print("kernel-factory: bench interrupted before its first case was measured; nothing written",
                       file=sys.stderr)
-                return EXIT_INTERRUPTED
+                return stopped
             result = so_far[0]
     if args.compare:
         from . import bench_compare
@@ -213,8 +265,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if result.get("partial") and not args.from_json:
         print(f"kernel-factory: bench interrupted; the report covers what was measured ({result['partial']})",
               file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return stopped
+    regressions = result.get("compared", {}).get("counts", {}).get("regression", 0)
+    if regressions and not args.report_only:
+        print(f"kernel-factory: {regressions} row(s) regressed by more than {args.regression_pct:g}% against "
+              f"{', '.join(args.compare)} (exit {EXIT_FAILED}; --report-only exits 0)", file=sys.stderr)
+        return EXIT_FAILED
     return 0
+
+
+def bench_progress(partial: dict, elapsed_s: float) -> None:
+    """One progress line (rate, ETA) per measured case of a bench, to stderr through logging."""
+    from ..observers.console import progress
+    done = len(partial.get("rows", [])) or sum(len(p.get("rows", [])) for p in partial.get("parts", []))
+    counted = re.match(r"(\d+) of (\d+) cases", str(partial.get("partial", "")))
+    total = int(counted.group(2)) if counted else done
+    logging.getLogger("kernel_factory.bench").info(progress(done, total, elapsed_s, "cases"))
 
 
 def recorded_bench(files: list[str]) -> dict:
@@ -239,7 +305,7 @@ def sigterm_as_interrupt():
     """SIGTERM (as `timeout` sends) raises KeyboardInterrupt inside the block, so that a command stopped that way
     ends as after Ctrl-C: runs close their journal and MLflow run, benches write what they measured."""
     def raise_interrupt(signum, frame):
-        raise KeyboardInterrupt
+        raise Terminated
     try:
         previous = signal.signal(signal.SIGTERM, raise_interrupt)
     except ValueError:   # not the main thread: leave signals alone
@@ -257,6 +323,11 @@ def cmd_gap(args: argparse.Namespace) -> int:
     print(gap.markdown(analysis))
     if args.out:
         print(f"written: {', '.join(str(p) for p in gap.write(analysis, args.out, args.stem))}", file=sys.stderr)
+    if not analysis["met"] and not args.report_only:
+        missed = sum(not r["met"] for r in analysis["reports"])
+        print(f"kernel-factory: {missed} target(s) not met (exit {EXIT_FAILED}; --report-only exits 0)",
+              file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 
@@ -293,14 +364,39 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from ..observers.mlflow import ui_command
     if not Path(args.store).is_file():
         raise ConfigError(f"no run store at {args.store!r}: run `kernel-factory run CONFIG` first, or pass --store")
-    argv = ui_command(args.store, args.artifacts, port=args.port)
-    print(f"MLflow UI on http://127.0.0.1:{args.port} (store {args.store}); Ctrl-C stops it", file=sys.stderr)
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    return subprocess.call(argv, env=env)
+    from .ui import serve
+    argv = ui_command(args.store, args.artifacts, host=args.host, port=args.port)
+    print(f"store {args.store}", file=sys.stderr)
+    return serve(argv, args.host, args.port, {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever sys.stderr is when a record is written (a test's capture, a redirected stream)."""
+
+    @property
+    def stream(self):   # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def setup_logging() -> None:
+    """Progress and logs to stderr, as plain lines; results go to stdout with print. Only our loggers are set, so
+    an embedding program's own logging is left as it was."""
+    ours = logging.getLogger("kernel_factory")
+    if not ours.handlers:
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    setup_logging()
     from ..evaluate.compile import ToolchainError
     from ..evaluate.gpu import WorkerError
     try:
@@ -309,19 +405,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, registry.PluginError, ToolchainError, WorkerError) as exc:
         print(f"kernel-factory: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("kernel-factory: interrupted; everything measured so far is in the run's journal and MLflow",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        print("kernel-factory: interrupted; everything measured so far is in the run's journal and MLflow "
+              "(`kernel-factory resume RUN_ID` continues a run)", file=sys.stderr)
+        return interrupt_code(exc)
     except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except OSError as exc:   # a full disk or a folder that became read-only mid-command: one line, not a traceback
+        where = f" {exc.filename!r}" if exc.filename else ""
+        print(f"kernel-factory: error: cannot write{where}: {exc.strerror or exc}; what was measured before "
+              "stays in the run's journal", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
                 "lineage": cmd_lineage, "export": cmd_export, "bench": cmd_bench, "gap": cmd_gap,
-                "report": cmd_report, "faults": cmd_faults, "genes": cmd_genes}
+                "report": cmd_report, "faults": cmd_faults, "genes": cmd_genes, "check": cmd_check}
     return commands.get(args.command, cmd_ui)(args)
 
 
