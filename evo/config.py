@@ -80,6 +80,7 @@ class TrackingConfig:
     store: str = "runs/mlflow.db"         # MLflow SQLite file
     artifacts: str = "runs/artifacts"     # MLflow artifact root (fixed when an experiment is created)
     experiment: str | None = None         # None: the problem's name
+    child_runs: bool = False              # also one MLflow run per candidate (the candidate table is always there)
 
 
 @dataclass(frozen=True)

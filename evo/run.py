@@ -82,7 +82,8 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
         folder.mkdir(parents=True, exist_ok=True)
         (folder / PRIOR_FILE).write_text("".join(json.dumps(r.to_json()) + "\n" for r in prior))
     history = History(prior)
-    seeds = [r.genome for r in history.best(cfg.search.warm_start.count)] if cfg.search.warm_start.enabled else []
+    warm = history.best(cfg.search.warm_start.count) if cfg.search.warm_start.enabled else []
+    seeds = [r.genome for r in warm]
     # A replay searches what its recording covers; the config may narrow either.
     space = build.restrict_space(getattr(evaluator, "space", run.problem.space), cfg.search.space)
     seeds += table_seeds(cfg.search.seeds_from, run.problem, space)
@@ -92,7 +93,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     fingerprint = dict(evaluator.info.fingerprint) | ({"why_replay": why_not_gpu} if why_not_gpu else {})
     info = RunInfo(run_id, run.problem.name, cfg.seed, resolved.to_json(),
                    replace(evaluator.info, fingerprint=fingerprint), run.cases, cfg.out_dir, key,
-                   tuple(g.id for g in seeds), len(prior), resume)
+                   tuple(g.id for g in seeds), len(prior), resume, {r.genome.id: r.run_id for r in warm})
     proposer = Proposer(space, run.operators, cfg.search, run.problem, fingerprint)
     summary = None
     try:

@@ -39,6 +39,7 @@ class JournalObserver:
             return
         self._write({"event": "start", "run_id": run.run_id, "problem": run.problem, "seed": run.seed,
                      "cases_key": run.cases_key, "warm_start": list(run.warm_start),
+                     "warm_start_from": dict(run.warm_start_from),
                      "prior_records": run.prior_records,
                      "config": run.config, "evaluator": {"kind": run.evaluator.kind, "label": run.evaluator.label,
                                                          "fingerprint": dict(run.evaluator.fingerprint)},

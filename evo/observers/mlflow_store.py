@@ -52,6 +52,21 @@ def _record(run: Any, space: GeneSpace, parent_run_id: str) -> Record | None:
                   float(metrics.get("fitness", 0.0)), float(metrics.get("gpu_s", 0.0)), parent_run_id)
 
 
+def _table_records(client: Any, parent: Any, space: GeneSpace, run_id: str) -> list[Record | None]:
+    """A run logged without child runs: its candidates from the parent's candidate table (candidates.json)."""
+    from .mlflow import read_table
+    table = read_table(client, parent.info.run_id)
+    out = []
+    for row in (dict(zip(table, values)) for values in zip(*table.values())):
+        params = {f"gene.{k}": v for k, v in (pair.split("=", 1) for pair in row["genes"].split())}
+        genes = _typed_genes(params, space)
+        out.append(None if genes is None else Record(
+            row["candidate"], genes, row["patch"] != "none", tuple(p for p in row["parents"].split(",") if p),
+            row["operator"], int(row["generation"]), Status(row["status"]), float(row["fitness"]),
+            float(row["gpu_s"] or 0.0), run_id))
+    return out
+
+
 def load_prior(store: str | Path, experiment: str, space: GeneSpace, gpu: str, key: str,
                exclude_run: str) -> list[Record]:
     """Candidates of earlier runs of this experiment on the same GPU model, cases and baseline, oldest run first."""
@@ -70,6 +85,6 @@ def load_prior(store: str | Path, experiment: str, space: GeneSpace, gpu: str, k
         if run_id == exclude_run:
             continue
         children = search_all(client, exp.experiment_id, f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-        records = [_record(c, space, run_id) for c in children]
+        records = [_record(c, space, run_id) for c in children] or _table_records(client, parent, space, run_id)
         out.extend(sorted((r for r in records if r), key=lambda r: r.generation))
     return out
