@@ -99,7 +99,7 @@ def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
 
     (parent,) = client.search_runs([exp_id], "tags.kf.kind = 'evolution'")
     pid, tags = parent.info.run_id, parent.data.tags
-    assert parent.info.run_name == f"s0 cold {ok(c['x'], 8.0).fitness:.3f}x run" and parent.info.status == "FINISHED"
+    assert parent.info.run_name == f"s0 cold {ok(c['x'], 8.0).fitness:.3f}x t1" and parent.info.status == "FINISHED"
     assert {k: tags[k] for k in ("kf.run_id", "kf.problem", "kf.evaluator", "kf.env.gpu", "kf.stop_reason",
                                  "kf.best_candidate_id")} == {
         "kf.run_id": "run-t1", "kf.problem": "rmsnorm_fwd", "kf.evaluator": "gpu", "kf.env.gpu": "NVIDIA H200",

@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 import networkx as nx
 
 from . import lineage
-from ..types import Candidate, Case, EvalResult
+from ..types import Candidate, EvalResult
 
 # MLflow 3.17's UI: an experiment tag `mlflow.sharedViewState.<key>` holds a runs-table view (filter, order,
 # columns) that the URL parameter viewStateShareKey opens; `mlflow.experimentKind` picks the training-runs view
