@@ -107,6 +107,7 @@ class TrackingConfig:
     # SQLite file `store`.
     uri: str | None = None
     optional: bool = False                # a store that cannot be written: warn and go on with the journal only
+    child_runs: bool = False              # also one MLflow run per candidate (the candidate table is always there)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .history import Record
+from .observers.mlflow_view import TABLE
 from .types import GeneSpace, Status
 
 # MLflow reads this when it loads; a user's own setting wins.
@@ -85,6 +86,31 @@ def source_filter(kind: str, gpu: str, recording: str, learn_from: str = "same_k
     return f" and tags.`kf.evaluator` = '{kind}' and tags.`kf.env.gpu` = '{gpu}'"
 
 
+def read_table(client: Any, run_id: str) -> dict[str, list]:
+    """A parent run's candidate table (candidates.json) as {column: values} ({} when it has none)."""
+    import json
+    import tempfile
+    if TABLE not in {a.path for a in client.list_artifacts(run_id)}:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="kf-table-") as tmp:
+        data = json.loads(Path(client.download_artifacts(run_id, TABLE, tmp)).read_text())
+    return {name: [row[i] for row in data["data"]] for i, name in enumerate(data["columns"])}
+
+
+def _table_records(client: Any, parent: Any, space: GeneSpace, run_id: str) -> list[Record | None]:
+    """A run logged without child runs: its candidates from the parent's candidate table."""
+    table = read_table(client, parent.info.run_id)
+    out = []
+    for row in (dict(zip(table, values)) for values in zip(*table.values())):
+        params = {f"gene.{k}": v for k, v in (pair.split("=", 1) for pair in row["genes"].split())}
+        genes = _typed_genes(params, space)
+        out.append(None if genes is None else Record(
+            row["candidate"], genes, row["patch"] != "none", tuple(p for p in row["parents"].split(",") if p),
+            row["operator"], int(row["generation"]), Status(row["status"]), float(row["fitness"]),
+            float(row["gpu_s"] or 0.0), run_id))
+    return out
+
+
 def load_prior(store: str | Path, experiment: str, space: GeneSpace, gpu: str, key: str,
                exclude_run: str, kind: str = "gpu", recording: str = "", learn_from: str = "same_kind"
                ) -> list[Record]:
@@ -105,6 +131,6 @@ def load_prior(store: str | Path, experiment: str, space: GeneSpace, gpu: str, k
         if run_id == exclude_run:
             continue
         children = search_all(client, exp.experiment_id, f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-        records = [_record(c, space, run_id) for c in children]
+        records = [_record(c, space, run_id) for c in children] or _table_records(client, parent, space, run_id)
         out.extend(sorted((r for r in records if r), key=lambda r: r.generation))
     return out

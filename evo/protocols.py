@@ -283,6 +283,7 @@ class RunInfo:
     warm_start: tuple[str, ...] = ()   # genome ids seeded from earlier runs
     prior_records: int = 0          # candidates of earlier runs that credit, lessons and the surrogate learn from
     resumed: bool = False           # True when `kernel-factory resume` continues a killed run
+    warm_start_from: Mapping[str, str] = field(default_factory=dict)   # warm-start genome id -> the run that bred it
 
 
 @dataclass(frozen=True)

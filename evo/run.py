@@ -120,7 +120,8 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
         prior = _prior(cfg, run, kind, dict(evaluator.info.fingerprint), key, run_id)
         (folder / PRIOR_FILE).write_text("".join(json.dumps(r.to_json()) + "\n" for r in prior))
     history = History(prior)
-    seeds = [r.genome for r in history.best(cfg.search.warm_start.count)] if cfg.search.warm_start.enabled else []
+    warm = history.best(cfg.search.warm_start.count) if cfg.search.warm_start.enabled else []
+    seeds = [r.genome for r in warm]
     # A replay searches what its recording covers; the config may narrow either.
     space = build.restrict_space(evaluator.space if isinstance(evaluator, RecordedSpace) else run.problem.space,
                                  cfg.search.space)
@@ -132,7 +133,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     fingerprint["ran_on_host"] = platform.node()   # a replay's other keys describe the recording's machine
     info = RunInfo(run_id, run.problem.name, cfg.seed, resolved.to_json(),
                    replace(evaluator.info, fingerprint=fingerprint), run.cases, cfg.out_dir, key,
-                   tuple(g.id for g in seeds), len(prior), resume)
+                   tuple(g.id for g in seeds), len(prior), resume, {r.genome.id: r.run_id for r in warm})
     proposer = Proposer(space, run.operators, cfg.search, run.problem, fingerprint)
     summary, started, interrupt = None, [], None
     try:

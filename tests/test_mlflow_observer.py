@@ -42,9 +42,10 @@ def ok(cand: Candidate, t: float) -> EvalResult:
                       evaluator="gpu", gpu_s=0.05)
 
 
-def drive(tmp_path: Path, problem, kind: str = "gpu", extra_patch: dict | None = None, db: str = "m.db") -> tuple:
+def drive(tmp_path: Path, problem, kind: str = "gpu", extra_patch: dict | None = None, db: str = "m.db",
+          child_runs: bool = True) -> tuple:
     """A two-generation run through the observer; returns (observer, config, candidates by name)."""
-    cfg = parse({"problem": "rmsnorm_fwd", "tracking": {"store": str(tmp_path / db),
+    cfg = parse({"problem": "rmsnorm_fwd", "tracking": {"store": str(tmp_path / db), "child_runs": child_runs,
                                                         "artifacts": str(tmp_path / "art")}})
     d = problem.space.defaults()
     c = {"a": Candidate(Genome.of(d)),
@@ -74,6 +75,10 @@ def drive(tmp_path: Path, problem, kind: str = "gpu", extra_patch: dict | None =
     return obs, cfg, c
 
 
+def by_id(runs, candidate_id: str):
+    return next(r for r in runs if r.data.tags["kf.candidate_id"] == candidate_id)
+
+
 def client_for(tmp_path: Path, db: str = "m.db") -> tuple[MlflowClient, str]:
     """A fresh client, as a later process would open the store, and the problem's experiment id."""
     client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / db).resolve()}")
@@ -94,7 +99,7 @@ def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
 
     (parent,) = client.search_runs([exp_id], "tags.kf.kind = 'evolution'")
     pid, tags = parent.info.run_id, parent.data.tags
-    assert parent.info.run_name == "run-t1" and parent.info.status == "FINISHED"
+    assert parent.info.run_name == f"s0 cold {ok(c['x'], 8.0).fitness:.3f}x t1" and parent.info.status == "FINISHED"
     assert {k: tags[k] for k in ("kf.run_id", "kf.problem", "kf.evaluator", "kf.env.gpu", "kf.stop_reason",
                                  "kf.best_candidate_id")} == {
         "kf.run_id": "run-t1", "kf.problem": "rmsnorm_fwd", "kf.evaluator": "gpu", "kf.env.gpu": "NVIDIA H200",
@@ -104,8 +109,9 @@ def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
     assert parent.data.params["search.operators.gene_mutation.weight"] == "0.5"
     assert parent.data.params["tracking.experiment"] == "null"
     assert [m.step for m in client.get_metric_history(pid, "best_fitness")] == [0, 1]
-    assert [m.value for m in client.get_metric_history(pid, "count_ok")] == [1, 1]
-    assert [m.value for m in client.get_metric_history(pid, "count_timeout")] == [0, 0]
+    assert [m.value for m in client.get_metric_history(pid, "this_gen.ok")] == [1, 1]
+    assert "this_gen.timeout" not in parent.data.metrics and "lessons" not in parent.data.metrics   # zero-only
+    assert parent.data.metrics["failures_total"] == 2 and parent.data.metrics["gpu_s_total"] == 0.15
     assert parent.data.metrics["evaluations_total"] == 5
     assert parent.data.metrics["final_best_fitness"] == ok(c["x"], 8.0).fitness
     summary = json.loads(text_artifact(client, pid, "summary.json", tmp_path / "dl"))
@@ -122,10 +128,13 @@ def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
     assert by["a"].data.tags["kf.parent_ids"] == ""
     assert {n: r.data.tags["kf.status"] for n, r in by.items()} == {
         "a": "ok", "b": "compile_error", "c": "incorrect", "x": "ok", "p": "ok"}
-    assert all(r.info.status == "FINISHED" and r.info.run_name == f"cand-{r.data.tags['kf.candidate_id']}"
+    assert all(r.info.status == "FINISHED" and r.info.run_name == f"cand-{r.data.tags['kf.candidate_id'][:8]}"
                for r in children)
+    assert f"#/experiments/{exp_id}/runs/{by_id(children, c['a'].id).info.run_id}" in \
+        by_id(children, c["x"].id).data.tags["mlflow.note.content"]   # a child links its parents' runs
     assert by["a"].data.metrics["time_us.bfloat16_32768x256"] == 10.0
     assert by["a"].data.metrics["registers.bfloat16"] == 40 and by["b"].data.metrics["fitness"] == 0.0
+    assert "gpu_s" not in by["b"].data.metrics   # zero-only
     assert by["x"].data.params["gene.threads"] == "128" and by["x"].data.params["patch"] == "none"
     assert by["p"].data.params["patch"] == "reduce"
 
@@ -135,13 +144,14 @@ def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
     assert {r.data.tags["kf.candidate_id"] for r in fast} == {c["x"].id, c["p"].id}
 
     names = {n: {a.path for a in client.list_artifacts(r.info.run_id)} for n, r in by.items()}
-    assert names["a"] == {"kernel-bfloat16.cu"}
-    assert names["b"] == {"kernel-bfloat16.cu", "compile-bfloat16.log", "message.txt"}
-    assert names["c"] == {"kernel-bfloat16.cu", "message.txt"}   # no build info: the run's dtype is rendered
-    src = text_artifact(client, by["x"].info.run_id, "kernel-bfloat16.cu", tmp_path / "dl")
+    assert names["a"] == {"kernel-bfloat16.cu.txt"}
+    assert names["b"] == {"kernel-bfloat16.cu.txt", "ptxas-bfloat16.log", "message.txt"}
+    assert names["c"] == {"kernel-bfloat16.cu.txt", "message.txt"}   # no build info: the run's dtype is rendered
+    src = text_artifact(client, by["x"].info.run_id, "kernel-bfloat16.cu.txt", tmp_path / "dl")
     assert f"kernel-factory candidate {c['x'].id}" in src and "#define THREADS 128" in src
-    assert "// patched reduce" in text_artifact(client, by["p"].info.run_id, "kernel-bfloat16.cu", tmp_path / "dl")
-    assert "too many resources" in text_artifact(client, by["b"].info.run_id, "compile-bfloat16.log",
+    assert "// patched reduce" in text_artifact(client, by["p"].info.run_id, "kernel-bfloat16.cu.txt",
+                                                tmp_path / "dl")
+    assert "too many resources" in text_artifact(client, by["b"].info.run_id, "ptxas-bfloat16.log",
                                                  tmp_path / "dl")
 
 
@@ -164,7 +174,7 @@ def test_no_environment_secret_reaches_the_store(tmp_path, rmsnorm, monkeypatch)
     client, exp_id = client_for(tmp_path, "runs/m.db")
     assert len(client.search_runs([exp_id], "")) == 6
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert any(p.name == "kernel-bfloat16.cu" for p in files)
+    assert any(p.name == "kernel-bfloat16.cu.txt" for p in files)
     assert [p for p in files if SECRET.encode() in p.read_bytes()] == []
 
 
@@ -205,3 +215,38 @@ def test_names_config_store_and_ui_command(tmp_path, empty_store):
     assert argv[:4] == [sys.executable, "-m", "mlflow", "ui"]
     assert argv[4:] == ["--backend-store-uri", f"sqlite:///{(tmp_path / 'm.db').resolve()}", "--default-artifact-root",
                         str((tmp_path / "art").resolve()), "--host", "127.0.0.1", "--port", "5123", "--workers", "1"]
+
+
+@pytest.mark.usefixtures("migrated")
+def test_default_logs_a_candidate_table_and_ui_notes_on_the_parent(tmp_path, rmsnorm):
+    obs, _, c = drive(tmp_path, rmsnorm, kind="replay", child_runs=False)
+    assert obs.writer.failures == 0
+    client, exp_id = client_for(tmp_path)
+    runs = client.search_runs([exp_id], "")
+    assert len(runs) == 1   # no child runs: the runs table holds parents only
+    (parent,) = runs
+    pid, tags = parent.info.run_id, parent.data.tags
+    assert tags["mlflow.runColor"].startswith("#") and tags["kf.warm_start_runs"] == "none"
+    note = tags["mlflow.note.content"]
+    assert "**replayed**" in note and f"Best: `{c['x'].id}`" in note and "1 compile_error, 1 incorrect" in note
+    assert "recorded_gpu_s_total" in parent.data.metrics and "gpu_s_total" not in parent.data.metrics
+    exp = client.get_experiment(exp_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(exp.tags["mlflow.sharedViewState.kernel-factory-runs"])
+    assert view["searchFilter"] == "tags.`kf.kind` = 'evolution'" and "metrics.`final_best_fitness`" in \
+        view["selectedColumns"]
+
+    from kernel_factory.evo.observers.mlflow import read_table
+    table = read_table(client, pid)
+    rows = {cid: dict(zip(table, values)) for cid, values in zip(table["candidate"], zip(*table.values()))}
+    assert set(rows) == {cand.id for cand in c.values()}
+    x = rows[c["x"].id]
+    assert x["operator"] == "uniform_crossover" and x["parents"] == f"{c['a'].id},{c['c'].id}"
+    assert x["gene_diff"] == "load: nc -> plain; threads: 256 -> 128"
+    assert x["fitness_change"] == pytest.approx(ok(c["x"], 8.0).fitness - ok(c["a"], 10.0).fitness, abs=1e-4)
+    assert x["speedup bfloat16:32768x256"] == 1.5 and x["copy_bw_pct"] is None   # no copy bandwidth measured
+    assert rows[c["b"].id]["status"] == "compile_error" and rows[c["b"].id]["why"] == "compile failed"
+    files = {a.path for a in client.list_artifacts(pid)}
+    assert {"candidates.json", "lineage.md", "failures.md", "images", "kernels"} <= files
+    assert "max abs error 3.1" in text_artifact(client, pid, "failures.md", tmp_path / "dl")
+    assert c["x"].id in text_artifact(client, pid, "lineage.md", tmp_path / "dl")

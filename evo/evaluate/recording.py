@@ -1,7 +1,10 @@
 """The recording format: measurements of a problem's structured space made on a real GPU, as gzip'd JSON lines.
 
 Line 1 is a header (problem, cases, baseline and its times, copy bandwidth, environment fingerprint, sampling
-rule, timing policy); every further line is one genome's result. While recording, lines are appended (and
+rule, timing policy); every further line is one genome's result. A result may be a failure (compile_error with the
+compiler's log in its message, incorrect, crashed, ...): `kernel-factory record` keeps what fails on the GPU, and
+`kernel-factory record --cpu-failures` adds the genomes outside the problem's rule that NVRTC/ptxas reject on the
+CPU, each marked `"outside_rule": <the rule's reason>` (the header's "cpu_failures" says how and when). While recording, lines are appended (and
 fsync'd) to `<name>.partial.jsonl`, so an interrupted recording resumes where it stopped. A resumed recording
 (possibly on another machine) adds a `resume` line with that machine's fingerprint and baseline and a re-measure
 of a few genomes recorded before, so that any drift between the parts is on record; the final header lists them
@@ -27,12 +30,18 @@ class Recording:
     header: Mapping[str, Any]
     entries: Mapping[str, tuple[Genome, EvalResult]]   # genome id -> (genome, result)
     path: Path
+    outside_rule: Mapping[str, str] = dataclasses.field(default_factory=dict)   # genome id -> the rule's reason
+
+    @property
+    def failures(self) -> int:
+        return sum(result.status.failed for _, result in self.entries.values())
 
     @property
     def label(self) -> str:
         fp = self.header.get("fingerprint", {})
+        failed = f", {self.failures} of them failures" if self.failures else ""
         return (f"replay of {fp.get('gpu', 'GPU')} measurements recorded {fp.get('date', '?')[:10]} "
-                f"({len(self.entries)} genomes, {self.path.name})")
+                f"({len(self.entries)} genomes{failed}, {self.path.name})")
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -53,16 +62,18 @@ def read(path: str | Path) -> Recording:
     header = next(lines, None)
     if not header or header.get("format") != FORMAT:
         raise ValueError(f"{path} is not a kernel-factory recording (expected format {FORMAT})")
-    entries, resumes = {}, []
+    entries, resumes, outside = {}, [], {}
     for row in lines:
         if "resume" in row:
             resumes.append(row["resume"])
             continue
         genome = Genome.from_json(row["genome"])
         entries[genome.id] = (genome, EvalResult.from_json({**row["result"], "candidate_id": genome.id, "fitness": 0.0}))
+        if "outside_rule" in row:
+            outside[genome.id] = row["outside_rule"]
     if resumes:
         header = {**header, "resumes": list(header.get("resumes", [])) + resumes}
-    return Recording(header, entries, path)
+    return Recording(header, entries, path, outside)
 
 
 class Writer:
@@ -114,14 +125,29 @@ class Writer:
         return self.final
 
 
-def entry(genome: Genome, result: EvalResult) -> dict[str, Any]:
+def entry(genome: Genome, result: EvalResult, outside_rule: str | None = None) -> dict[str, Any]:
+    """One genome's line. A build log is dropped (a failure's log is its message); `outside_rule` marks a genome
+    the problem's rule rejects, recorded for the failure it is."""
     data = result.to_json()
     for key in ("candidate_id", "baseline_us", "evaluator", "fitness", "gbps"):
         data.pop(key)   # derivable from the header and times; keeps the file small
     for build in data["build"].values():
         build.pop("log", None)
         build.pop("cached", None)
-    return {"genome": genome.to_json(), "result": data}
+    row = {"genome": genome.to_json(), "result": data}
+    return row | ({"outside_rule": outside_rule} if outside_rule else {})
+
+
+def write(rec: Recording, path: str | Path, header_updates: Mapping[str, Any] | None = None) -> Path:
+    """The whole recording to `path` (gzip'd), through a temporary file so that a reader never sees half of it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with gzip.open(tmp, "wt", compresslevel=9) as fh:
+        fh.write(json.dumps({**rec.header, **(header_updates or {})}) + "\n")
+        for gid, (genome, result) in rec.entries.items():
+            fh.write(json.dumps(entry(genome, result, rec.outside_rule.get(gid))) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def covered_choices(header: Mapping[str, Any], space: GeneSpace) -> dict[str, tuple[GeneValue, ...]]:
@@ -135,8 +161,10 @@ def covered_choices(header: Mapping[str, Any], space: GeneSpace) -> dict[str, tu
 def expand(rec: Recording, space: GeneSpace) -> Recording:
     """The recording keyed by today's genomes: genes it predates are filled in with their defaults."""
     defaults = space.defaults()
-    entries = {}
-    for genome, result in rec.entries.values():
+    entries, outside = {}, {}
+    for gid, (genome, result) in rec.entries.items():
         full = Genome.of({**defaults, **genome.gene_dict}, genome.patch_dict)
         entries[full.id] = (full, dataclasses.replace(result, candidate_id=full.id))
-    return Recording(rec.header, entries, rec.path)
+        if gid in rec.outside_rule:
+            outside[full.id] = rec.outside_rule[gid]
+    return Recording(rec.header, entries, rec.path, outside)

@@ -12,7 +12,7 @@ from . import binary, render, static_check
 from . import recording as recording_mod
 from .compile import CompileJob, Compiler, CompileOutput, ToolchainError
 from ..protocols import EvaluatorInfo, Problem
-from ..types import Candidate, Case, EvalResult, Genome, Status, geomean_speedup
+from ..types import Candidate, Case, EvalResult, GeneSpace, GeneValue, Genome, Status, geomean_speedup
 
 
 class ReplayError(ValueError):
@@ -42,9 +42,25 @@ def choose_recording(problem: Problem, cases: Sequence[Case], path: str | None) 
                       f"looked at {[str(p) for p in candidates]}")
 
 
+def admitting(space: GeneSpace, recorded: frozenset[str]) -> GeneSpace:
+    """The space with its rule widened to the genomes of `recorded` (ids), which the recording answers."""
+    rule = space.rule
+
+    def widened(genes: Mapping[str, GeneValue]) -> str | None:
+        why = rule(genes)
+        return None if why is not None and Genome.of(genes).id in recorded else why
+    return dataclasses.replace(space, rule=widened)
+
+
 class ReplayEvaluator:
-    """Options (config `evaluator.replay`): recording (a path; default: the problem's bundled recording) and
-    compile_patches (default true).
+    """Options (config `evaluator.replay`): recording (a path; default: the problem's bundled recording),
+    compile_patches (default true) and recorded_failures (default true).
+
+    A recording may hold failures: what failed on the GPU when it was made, and genomes outside the problem's rule
+    that NVRTC/ptxas reject on the CPU (`record --cpu-failures`). Those are answered with their recorded status
+    and log, and with recorded_failures the search may propose the outside-rule ones, so that a replayed run shows
+    real compile failures, learns lessons from them and colours them in its lineage. (A live run's rule keeps
+    them from the compiler; they say so in their message.)
 
     Unpatched genomes are answered from the recording at once. A patched genome is screened first (invalid_patch,
     rejected). With compile_patches it is then compiled with NVRTC on the CPU (cache in out_dir/cache) next to the
@@ -54,12 +70,14 @@ class ReplayEvaluator:
     """
 
     def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
-                 recording: str | None = None, compile_patches: bool = True):
+                 recording: str | None = None, compile_patches: bool = True, recorded_failures: bool = True):
         self.problem, self.cases = problem, tuple(cases)
         found = choose_recording(problem, cases, recording)
         self.rec = recording_mod.expand(found, problem.space)
         # The search is limited to what the recording measured (genes added since are held at their defaults).
         self.space = problem.space.restricted(recording_mod.covered_choices(found.header, problem.space))
+        if recorded_failures and self.rec.outside_rule:
+            self.space = admitting(self.space, frozenset(self.rec.outside_rule))
         if self.rec.header["baseline"] != baseline:
             raise ReplayError(f"the recording {self.rec.path.name} measured baseline {self.rec.header['baseline']!r}, "
                               f"not {baseline!r}; set evaluator.baseline: {self.rec.header['baseline']}")
@@ -132,7 +150,9 @@ class ReplayEvaluator:
             return self._unanswered(cid, "this genome is not in the recording (an out-of-space genome)")
         _, rec = hit
         if rec.status is not Status.OK:
-            return EvalResult(cid, rec.status, build=rec.build, message=rec.message, evaluator="replay",
+            outside = self.rec.outside_rule.get(genome_id)
+            note = f"outside the problem's rule ({outside}); compiled on the CPU for the recording: " if outside else ""
+            return EvalResult(cid, rec.status, build=rec.build, message=note + rec.message, evaluator="replay",
                               gpu_s=rec.gpu_s, baseline_us=self.baseline_us)
         times = {c.key: rec.times_us[c.key] for c in self.cases}
         gbps = {k: self.problem.bytes_moved(Case.parse(k)) / (t * 1e-6) / 1e9 for k, t in times.items()}

@@ -47,6 +47,10 @@ class ConsoleObserver:
         self.replay = run.evaluator.replay_note()
         why = run.evaluator.fingerprint.get("why_replay")
         self._print(f"evaluator: {run.evaluator.kind} - {run.evaluator.label}" + (f" (no live GPU: {why})" if why else ""))
+        if run.warm_start_from:
+            runs = sorted(set(run.warm_start_from.values()))
+            self._print(f"warm start: {len(run.warm_start_from)} genomes seeded from earlier run(s) {', '.join(runs)}; "
+                        "this run is not independent of them (search.warm_start.enabled=false for a fresh repeat)")
         if run.evaluator.kind == "replay":
             self._print("note: no kernel runs in this session; every time shown was measured earlier on the GPU "
                         "named above and is replayed from the recording")

@@ -65,7 +65,32 @@ def from_journal(path: str | Path) -> nx.DiGraph:
     its journal last named it (a killed run has no end record, but each generation names its best)."""
     run = journal.read(path)
     evaluator = run.start.evaluator
-    return build(run.pairs(), run.run_id, run.latest_best(), replay_note(evaluator.kind, evaluator.label))
+    graph = build(run.pairs(), run.run_id, run.latest_best(), replay_note(evaluator.kind, evaluator.label))
+    graph.graph["warm_start_from"] = dict(run.start.warm_start_from)
+    return graph
+
+
+def with_origins(graph: nx.DiGraph, warm_from: Mapping[str, str], runs_dir: str | Path) -> nx.DiGraph:
+    """The graph with each warm-start seed's ancestry in the run that bred it (from that run's journal under
+    runs_dir), as earlier-run nodes left of generation 0; a seed whose run has no journal here stays a root."""
+    out = graph.copy()
+    for seed, origin in sorted(warm_from.items()):
+        path = Path(runs_dir) / origin / journal.NAME
+        if seed not in out or not path.is_file():
+            continue
+        earlier = from_journal(path)
+        if seed not in earlier:
+            continue
+        shift = earlier.nodes[seed]["generation"] + 1
+        for node in nx.ancestors(earlier, seed):
+            if node not in out:
+                data = earlier.nodes[node]
+                out.add_node(node, **{**data, "generation": data["generation"] - shift, "external": True,
+                                      "run": origin})
+        for a, b, data in earlier.subgraph(nx.ancestors(earlier, seed) | {seed}).edges(data=True):
+            out.add_edge(a, b, **data)
+        out.nodes[seed]["run_origin"] = origin
+    return out
 
 
 def best(graph: nx.DiGraph) -> str | None:
@@ -99,6 +124,7 @@ class Step:
     fitness_change: float | None          # fitness - parent's fitness, when both are known
     gene_diff: dict[str, tuple[GeneValue | None, GeneValue | None]]   # gene -> (parent's value, this value)
     patch_diff: str                       # unified diff of the editable regions that changed
+    run: str = ""                         # the earlier run it was evaluated in (a warm-start seed's ancestry)
 
 
 def chain(graph: nx.DiGraph, candidate_id: str) -> list[Step]:
@@ -111,6 +137,13 @@ def chain(graph: nx.DiGraph, candidate_id: str) -> list[Step]:
     return [_step(graph, node, path[i - 1] if i else None) for i, node in enumerate(path)]
 
 
+def against_parent(graph: nx.DiGraph, candidate_id: str) -> Step:
+    """One candidate compared with its fittest parent (no parent: nothing to compare)."""
+    parents = list(graph.predecessors(candidate_id))
+    parent = max(parents, key=lambda p: _known(graph.nodes[p]["fitness"])) if parents else None
+    return _step(graph, candidate_id, parent)
+
+
 def _known(fitness: float | None) -> float:
     return -1.0 if fitness is None else fitness
 
@@ -121,11 +154,11 @@ def _step(graph: nx.DiGraph, node: str, parent: str | None) -> Step:
     change = None
     if before is not None and before["fitness"] is not None and data["fitness"] is not None:
         change = data["fitness"] - before["fitness"]
-    compare = before is not None and not before["external"]   # an external parent's genes are unknown
+    compare = before is not None and bool(before["genes"])   # an external parent's genes may be unknown
     return Step(node, data["generation"], data["operator"], data["status"], data["fitness"], parent,
                 tuple(graph.predecessors(node)), change,
                 gene_diff(before["genes"], data["genes"]) if compare else {},
-                patch_diff(before["patch"], data["patch"], parent, node) if compare else "")
+                patch_diff(before["patch"], data["patch"], parent, node) if compare else "", data.get("run", ""))
 
 
 def gene_diff(old: Mapping[str, GeneValue], new: Mapping[str, GeneValue]
@@ -150,7 +183,8 @@ def format_chain(steps: list[Step]) -> str:
     blocks = []
     for step in steps:
         fitness = "-" if step.fitness is None else f"{step.fitness:.4f}x"
-        head = f"gen {step.generation}  {step.node}  {step.operator}  {step.status}  fitness {fitness}"
+        where = f"run {step.run} " if step.run else ""
+        head = f"{where}gen {step.generation}  {step.node}  {step.operator}  {step.status}  fitness {fitness}"
         if step.parent is not None:
             change = "" if step.fitness_change is None else f"{step.fitness_change:+.4f} "
             others = [p for p in step.parents if p != step.parent]
@@ -303,8 +337,10 @@ def _with_titles(svg: str, graph: nx.DiGraph, nodes: list[str]) -> str:
         data = graph.nodes[node]
         fitness = "-" if data["fitness"] is None else f"{data['fitness']:.4f}x"
         parents = ", ".join(graph.predecessors(node)) or "none"
+        genes = "\n".join(f"  {k}={v}" for k, v in sorted(data["genes"].items()))
+        where = f"\nrun: {data['run']}" if data.get("run") else ""
         text = (f"{node}\noperator: {data['operator']}\nstatus: {data['status']}\nfitness: {fitness}\n"
-                f"generation: {data['generation']}\nparents: {parents}")
+                f"generation: {data['generation']}\nparents: {parents}{where}" + (f"\ngenes:\n{genes}" if genes else ""))
         return f'<g id="kf-node-{match.group(1)}"><title>{html.escape(text)}</title>{match.group(2)}</g>'
 
     return re.sub(r'<a xlink:href="#kf-node-(\d+)"[^>]*>(.*?)</a>', titled, svg, flags=re.DOTALL)

@@ -4,6 +4,7 @@ opens the store for it) import mlflow."""
 from __future__ import annotations
 
 import functools
+from collections import Counter
 import json
 import logging
 import os
@@ -16,13 +17,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from . import lineage
+from . import lineage, mlflow_view as view
 from .provenance import git_tags
 from ..config import ConfigError, RunConfig
 from ..evaluate import render
-from ..prior import open_store, search_all   # before mlflow: prior sets MLflow's environment defaults
+from ..prior import open_store, read_table, search_all   # before mlflow: prior sets MLflow's environment defaults
 from ..protocols import EvaluatorInfo, GenerationStats, Problem, RunInfo, RunSummary
 from ..types import Candidate, EvalResult, Status
+
+# MLflow reads this when it loads; a user's own setting wins.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # log_table downloads; no bar in our console
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
@@ -210,6 +215,9 @@ class MlflowObserver:
         self.artifacts = Path(config.tracking.artifacts).resolve()
         self.experiment = config.tracking.experiment or problem.name
         self.dtypes = tuple(config.dtypes or problem.dtypes[:1])   # rendered when a result has no build info
+        self.child_runs = config.tracking.child_runs
+        self.nonzero: set[str] = set()    # parent metrics that were ever non-zero (zero-only ones are not logged)
+        self.child_ids: dict[str, str] = {}   # candidate id -> its child run (child_runs only)
         self.writer: _Writer | None = None
         self.run: RunInfo | None = None
         # Set and used on the writer thread only.
@@ -259,6 +267,7 @@ class MlflowObserver:
         llm = {f"llm_{k}": v for k, v in self.llm_generation.items()}
         self.llm_generation = dict.fromkeys(LLM_FIGURES, 0.0)
         self.writer.submit(functools.partial(self._log_generation, stats, llm))
+        self.writer.submit(functools.partial(self._log_table, tuple(self.seen)))
         self.writer.drain()
         if stats.generation and stats.generation % LINEAGE_EVERY == 0:
             # Queued after the drain, so the drawing overlaps the next generation's evaluation.
@@ -295,14 +304,19 @@ class MlflowObserver:
         if self._reattach():   # resume, or a re-run of a run id that died before its journal started
             self._monitor(uri)
             return
+        warm_runs = sorted(set(run.warm_start_from.values()))
         tags = {"kf.run_id": run.run_id, "kf.problem": run.problem, "kf.kind": "evolution",
                 "kf.evaluator": run.evaluator.kind, "kf.evaluator_label": run.evaluator.label,
                 "kf.cases_key": run.cases_key, "kf.prior_records": str(run.prior_records),
                 "kf.warm_start": f"{len(run.warm_start)} genomes from earlier runs" if run.warm_start else "none",
-                "kf.warm_start_ids": ",".join(run.warm_start)}
+                "kf.warm_start_ids": ",".join(run.warm_start), "kf.warm_start_runs": ",".join(warm_runs) or "none"}
         tags.update(source_tags(run.evaluator))
         tags.update(git_tags())
-        parent = self.client.create_run(self.experiment_id, run_name=run.run_id, tags=_tags(tags))
+        self._prepare_experiment()
+        parents = self.client.search_runs([self.experiment_id], view.PARENTS_FILTER, max_results=1000)
+        tags |= {view.COLOUR_TAG: view.colour(len(parents)), view.NOTE_TAG: self._description(None)}
+        name = view.run_name(run.seed, len(warm_runs), run.run_id)
+        parent = self.client.create_run(self.experiment_id, run_name=name, tags=_tags(tags))
         self.parent_id = parent.info.run_id
         self._monitor(uri)
         params = flatten(run.config) | {"seed": str(run.seed)}
@@ -318,6 +332,16 @@ class MlflowObserver:
         self.monitor = SystemMetricsMonitor(self.parent_id, resume_logging=self.run.resumed, tracking_uri=uri)
         self.monitor.start()
 
+    def _prepare_experiment(self) -> None:
+        """Experiment tags for the UI: the training-runs view, the start link's saved view, a description."""
+        prepare_ui(self.client, self.experiment_id, self.run.problem)
+
+    def _description(self, graph: Any, failures: Mapping[str, int] | None = None) -> str:
+        run = self.run
+        evaluator = {"kind": run.evaluator.kind, "label": run.evaluator.label,
+                     "gpu": run.evaluator.fingerprint.get("gpu", "")}
+        return view.description(run.problem, run.run_id, evaluator, graph, run.warm_start_from, failures or {})
+
     def _reattach(self) -> bool:
         """Continue this run id's parent run if the store has one (resume): keep its finished children and drop
         half-written ones (a kill can land between create_run and set_terminated); the journal re-sends those."""
@@ -332,12 +356,13 @@ class MlflowObserver:
                 self.logged.add(child.data.tags.get("kf.candidate_id", ""))
             else:
                 self.client.delete_run(child.info.run_id)
+        self.logged |= set(read_table(self.client, self.parent_id).get("candidate", []))
         history = self.client.get_metric_history(self.parent_id, "best_fitness")
         self.last_generation = max((m.step for m in history), default=-1)
         return True
 
     def _log_candidate(self, generation: int, candidate: Candidate, result: EvalResult) -> None:
-        if candidate.id in self.logged:
+        if not self.child_runs or candidate.id in self.logged:
             return
         tags = {"mlflow.parentRunId": self.parent_id, "kf.run_id": self.run.run_id, "kf.kind": "candidate",
                 "kf.candidate_id": candidate.id, "kf.parent_ids": ",".join(candidate.parents),
@@ -349,12 +374,19 @@ class MlflowObserver:
         usage = llm_usage(candidate)
         if usage:
             tags |= {"kf.llm_agent": usage["agent"], "kf.llm_model": usage["model"]}
-        run_id = self.client.create_run(self.experiment_id, run_name=f"cand-{candidate.id}",
+        links = [f"[{p[:8]}](#/experiments/{self.experiment_id}/runs/{self.child_ids[p]})" if p in self.child_ids
+                 else f"`{p[:8]}`" for p in candidate.parents]
+        tags[view.NOTE_TAG] = (f"`{candidate.id}` {candidate.operator}, gen {generation}, {result.status.value}"
+                               + (f"; parents {', '.join(links)}" if links else "") + "; the parent run's "
+                               f"`{view.TABLE}` holds its gene diff against its parent")
+        run_id = self.client.create_run(self.experiment_id, run_name=f"cand-{candidate.id[:8]}",
                                         tags=_tags(tags)).info.run_id
+        self.child_ids[candidate.id] = run_id
         try:
             params = {f"gene.{name}": str(value) for name, value in candidate.genome.genes}
             params["patch"] = ",".join(name for name, _ in candidate.genome.patch) or "none"
             values = candidate_metrics(generation, result) | {f"llm.{k}": usage[k] for k in LLM_FIGURES if usage}
+            values = {k: v for k, v in values.items() if v or k in ("fitness", "generation")}
             self._log_batch(run_id, _metrics(values, 0), _params(params))
             for name, text in self._candidate_files(candidate, result):
                 self.client.log_text(run_id, text, name)
@@ -366,10 +398,11 @@ class MlflowObserver:
 
     def _candidate_files(self, candidate: Candidate, result: EvalResult) -> Iterator[tuple[str, str]]:
         # An operator-known failure's patch holds text that is not code (an edit that did not apply): no kernel.
+        # .cu.txt and .log: names the artifact viewer previews (it shows no .cu).
         for dtype in (result.build or self.dtypes) if candidate.failure is None else ():
-            yield f"kernel-{dtype}.cu", render.render(self.problem, candidate, dtype)
+            yield f"kernel-{dtype}.cu.txt", render.render(self.problem, candidate, dtype)
             if dtype in result.build and result.build[dtype].log:
-                yield f"compile-{dtype}.log", result.build[dtype].log
+                yield f"ptxas-{dtype}.log", result.build[dtype].log
         if result.message:
             yield "message.txt", result.message
         yield from candidate.notes.items()   # e.g. an LLM operator's llm/prompt.md, llm/reply.md, llm/diff.patch
@@ -377,36 +410,71 @@ class MlflowObserver:
     def _log_generation(self, stats: GenerationStats, llm: Mapping[str, float]) -> None:
         if stats.generation <= self.last_generation:
             return
-        # Every status gets a point each generation (0 when absent), so the count curves have no gaps.
+        # this_gen.<status>: how many of this generation's new candidates ended so (not a running total).
         counts = {status.value: 0 for status in Status} | dict(stats.counts)
         values = {"best_fitness": stats.best_fitness, "median_fitness": stats.median_fitness,
                   "evaluations": stats.evaluations, "wall_s": stats.wall_s}
-        values.update({f"count_{status}": n for status, n in counts.items()})
+        values.update({f"this_gen.{status}": n for status, n in counts.items()})
         values.update({f"op_prob.{name}": p for name, p in stats.operator_probs.items()})
         values["lessons"] = stats.lessons
         values.update(llm)
-        self._log_batch(self.parent_id, _metrics(values, stats.generation))
+        self._log_batch(self.parent_id, _metrics(self._once_nonzero(values), stats.generation))
+
+    def _once_nonzero(self, values: Mapping[str, float]) -> dict[str, float]:
+        """A metric is logged from its first non-zero value on: one that stays zero is not logged at all, and
+        one that was ever non-zero gets every later point (zeros included), so its curve has no gaps."""
+        self.nonzero |= {k for k, v in values.items() if v}
+        return {k: v for k, v in values.items() if k in self.nonzero}
+
+    def _log_table(self, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
+        """This generation's new candidates appended to the parent's candidates.json (MLflow's log_table)."""
+        new = [(c, r) for c, r in results if c.id not in self.logged]
+        if not new:
+            return
+        graph = lineage.build(results, self.run.run_id)
+        copy = float(self.run.evaluator.fingerprint.get("copy_gbps", 0) or 0)
+        rows = view.candidate_table(new, graph, copy, [c.key for c in self.run.cases])
+        self.client.log_table(self.parent_id, rows, view.TABLE)
+        self.logged |= {c.id for c, _ in new}
 
     def _log_lineage(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> None:
         if not results:
             return
+        graph = self._graph(results, best_id)
         with tempfile.TemporaryDirectory(prefix="kf-lineage-") as tmp:
-            lineage.render(lineage.build(results, self.run.run_id, best_id, self.run.evaluator.replay_note()), tmp)
+            paths = lineage.render(graph, tmp)
             self.client.log_artifacts(self.parent_id, tmp, "lineage")
+            # Also as an image with a step, so that MLflow's image grid can set runs' lineages side by side.
+            from PIL import Image
+            with Image.open(paths["png"]) as image:
+                self.client.log_image(self.parent_id, image.convert("RGB"), key="lineage",
+                                      step=max((c.generation for c, _ in results), default=0))
+        self.client.log_text(self.parent_id, view.lineage_md(graph, self.run.run_id, self.run.warm_start_from),
+                             "lineage.md")
 
     def _finish(self, summary: RunSummary, llm: Mapping[str, float]) -> None:
-        best = summary.best
-        recorded = "recorded_" if self.run.evaluator.kind == "replay" else ""   # a replay's GPU time is the recording's
+        best, replay = summary.best, self.run.evaluator.kind == "replay"
+        failures = dict(Counter(r.status.value for _, r in self.seen if r.status.failed))
+        recorded = "recorded_" if replay else ""   # a replay's GPU time was spent when the recording was made
         values = {"final_best_fitness": best[1].fitness if best else 0.0, "evaluations_total": summary.evaluations,
-                  f"{recorded}gpu_s_total": summary.gpu_s, "wall_s_total": summary.wall_s,
+                  "failures_total": sum(failures.values()), "wall_s_total": summary.wall_s,
+                  f"{recorded}gpu_s_total": summary.gpu_s,
                   f"{recorded}timed_per_gpu_minute": summary.timed_per_gpu_minute, **llm}
+        values = {k: v for k, v in values.items() if v or k in ("final_best_fitness", "failures_total")}
         values |= {f"finalist_speedup.{f['candidate_id']}": f["speedup"] for f in summary.finalists if "speedup" in f}
         values |= accounting_metrics(summary.accounting)
         tags = {"kf.stop_reason": summary.stop_reason, "kf.best_candidate_id": best[0].id if best else "none"}
+        graph = self._graph(self.seen, best[0].id if best else None)
+        tags[view.NOTE_TAG] = self._description(graph, failures)
         self._log_batch(self.parent_id, _metrics(values, summary.generations),
                         tags=[RunTag(k, v) for k, v in _tags(tags).items()])
+        warm = len(set(self.run.warm_start_from.values()))
+        self.client.update_run(self.parent_id, name=view.run_name(self.run.seed, warm, self.run.run_id,
+                                                                  best[1].fitness if best else None))
         self.client.log_text(self.parent_id, json.dumps(summary_record(summary, self.run.evaluator), indent=2),
                              "summary.json")
+        self.client.log_text(self.parent_id, view.failures_md(self.seen), "failures.md")
+        self._log_best_kernels(graph)
         if summary.lessons:
             self.client.log_text(self.parent_id, summary.lessons, "lessons.md")
         if self.monitor is not None:
@@ -414,6 +482,52 @@ class MlflowObserver:
         # KILLED: stopped by Ctrl-C or SIGTERM, with what it measured logged; `kernel-factory resume` continues it.
         self.client.set_terminated(self.parent_id,
                                    status="KILLED" if summary.stop_reason == "interrupted" else "FINISHED")
+
+    def _graph(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> Any:
+        """This run's lineage, with each warm-start seed's ancestry in the run that bred it."""
+        graph = lineage.build(results, self.run.run_id, best_id, self.run.evaluator.replay_note())
+        return lineage.with_origins(graph, self.run.warm_start_from, self.run.out_dir)
+
+    def _log_best_kernels(self, graph: Any) -> None:
+        """The source and ptxas report of the best candidate and its ancestors, under kernels/ on the parent."""
+        found = {c.id: (c, r) for c, r in self.seen}
+        for node in lineage.best_ancestry(graph):
+            if node in found:
+                cand, res = found[node]
+                for name, text in self._candidate_files(cand, res):
+                    if name.startswith(("kernel-", "ptxas-")):
+                        self.client.log_text(self.parent_id, text, f"kernels/{node}/{name}")
+
+
+def prepare_ui(client: MlflowClient, experiment_id: str, problem: str) -> None:
+    """The experiment's UI tags: open in the training-runs view, the start link's saved view, a description."""
+    tags = {view.KIND_TAG: view.KIND, view.VIEW_TAG: json.dumps(view.view_state()),
+            view.NOTE_TAG: view.experiment_description(problem)}
+    for key, value in tags.items():
+        client.set_experiment_tag(experiment_id, key, value)
+
+
+def ui_links(store: str | os.PathLike[str], base_url: str) -> list[tuple[str, str]]:
+    """(experiment name, start link) for each experiment of the store that holds runs of the factory, after
+    setting its UI tags (stores made before these tags existed get them here)."""
+    client, _ = open_store(store)
+    out = []
+    for exp in client.search_experiments():
+        parents = client.search_runs([exp.experiment_id], view.PARENTS_FILTER, max_results=1)
+        if parents:
+            prepare_ui(client, exp.experiment_id, parents[0].data.tags.get("kf.problem", exp.name))
+            out.append((exp.name, view.start_link(base_url, exp.experiment_id)))
+    return out
+
+
+def kf_run_id(store: str | os.PathLike[str], mlflow_run_id: str) -> str | None:
+    """The factory's run id of the parent run with this MLflow run id, or None (no such run, or not a parent)."""
+    if not re.fullmatch(r"[0-9a-f]{32}", mlflow_run_id):
+        return None
+    try:
+        return open_store(store)[0].get_run(mlflow_run_id).data.tags.get("kf.run_id")
+    except MlflowException:
+        return None
 
 
 def accounting_metrics(books: Mapping[str, Any]) -> dict[str, float]:

@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--sample", type=int, help="record a uniform random sample of this many genomes")
     rec.add_argument("--sample-seed", type=int, default=0)
     rec.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE")
+    rec.add_argument("--cpu-failures", metavar="RECORDING",
+                     help="no GPU: add to RECORDING the genomes outside the problem's rule that fail to compile "
+                          "(NVRTC on the CPU), with their logs; written to --out (default: RECORDING itself)")
     sub.add_parser("problems", help="list the installed problem plugins")
     chk = sub.add_parser("check", help="check a problem plugin without a GPU: contract, CPU reference and inputs, "
                                        "NVRTC compiles of its genomes with ptxas resources")
@@ -60,10 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--seed", type=int, default=0, help="which sample")
     chk.add_argument("--shapes", type=int, default=3, help="correctness shapes run on the CPU (default 3)")
     lin = sub.add_parser("lineage", help="how a run's best (or a given) candidate came about, step by step")
-    lin.add_argument("run_id")
+    lin.add_argument("run_id", help="a run id (its folder under --runs) or the MLflow run id of its parent run")
     lin.add_argument("candidate", nargs="?", help="a candidate id or a unique prefix (default: the run's best)")
     lin.add_argument("--out", help="also draw the run's lineage here (png, svg, html, json)")
     lin.add_argument("--runs", default="runs", help="the runs folder (the config's out_dir)")
+    lin.add_argument("--store", default="runs/mlflow.db", help="the MLflow store, to look up an MLflow run id")
     exp = sub.add_parser("export", help="write a dispatch table (best genome per dtype and N) from runs' results")
     exp.add_argument("sources", nargs="+", metavar="RUN",
                      help="a run id under --runs, a run folder, a journal.jsonl or a recording .jsonl.gz")
@@ -175,6 +179,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_record(args: argparse.Namespace) -> int:
     from .record import record
     cfg = config_mod.load(args.config, tuple(args.override))
+    if args.cpu_failures:
+        from .record_cpu import add_cpu_failures
+        if not Path(args.cpu_failures).is_file():
+            raise ConfigError(f"--cpu-failures: no recording at {args.cpu_failures!r}")
+        try:
+            add_cpu_failures(registry.load("problem", cfg.problem), args.cpu_failures,
+                             args.out or args.cpu_failures, Path(cfg.out_dir) / "cache")
+        except ValueError as exc:
+            raise ConfigError(f"--cpu-failures: {exc}") from exc
+        return 0
     dtypes = "-".join(cfg.dtypes or ("default",))
     out = Path(args.out or f"{cfg.out_dir}/recordings/{cfg.problem}-{dtypes}.jsonl.gz")
     path = record(cfg, out, args.sample, args.sample_seed)
@@ -184,16 +198,22 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     from ..observers import lineage
-    path = Path(args.runs) / args.run_id / "journal.jsonl"
+    run_id = args.run_id
+    path = Path(args.runs) / run_id / "journal.jsonl"
+    if not path.is_file() and Path(args.store).is_file():
+        from ..observers.mlflow import kf_run_id
+        run_id = kf_run_id(args.store, run_id) or run_id   # an MLflow run id, as the UI shows it
+        path = Path(args.runs) / run_id / "journal.jsonl"
     if not path.is_file():
         runs = sorted(p.parent.name for p in Path(args.runs).glob("*/journal.jsonl"))
-        raise ConfigError(f"no run {args.run_id!r} under {args.runs}/ (each run is a folder there: "
-                          f"{', '.join(runs) or 'none yet'})")
+        raise ConfigError(f"no run {args.run_id!r} under {args.runs}/ nor in {args.store} (each run is a folder "
+                          f"there: {', '.join(runs) or 'none yet'})")
     graph = lineage.from_journal(path)
+    graph = lineage.with_origins(graph, graph.graph["warm_start_from"], args.runs)
     wanted = args.candidate or lineage.best(graph) or ""
     found = [wanted] if wanted in graph else [node for node in graph if wanted and node.startswith(wanted)]
     if len(found) != 1:
-        raise ConfigError(f"candidate {wanted!r} is {'ambiguous' if found else 'not'} in run {args.run_id!r}; "
+        raise ConfigError(f"candidate {wanted!r} is {'ambiguous' if found else 'not'} in run {run_id!r}; "
                           f"its candidates are in {path}")
     if graph.graph.get("replay"):
         print(graph.graph["replay"])
@@ -361,12 +381,14 @@ def cmd_genes(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from ..observers.mlflow import ui_command
+    from ..observers.mlflow import ui_command, ui_links
     if not Path(args.store).is_file():
         raise ConfigError(f"no run store at {args.store!r}: run `kernel-factory run CONFIG` first, or pass --store")
     from .ui import serve
     argv = ui_command(args.store, args.artifacts, host=args.host, port=args.port)
     print(f"store {args.store}", file=sys.stderr)
+    for name, link in ui_links(args.store, f"http://{args.host}:{args.port}"):   # the runs, ready to compare
+        print(f"start here ({name}): {link}", file=sys.stderr, flush=True)
     return serve(argv, args.host, args.port, {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
 
 
