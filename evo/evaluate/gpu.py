@@ -198,17 +198,23 @@ class GpuEvaluator:
                     results[cand.id] = self._run(cand, built[cand.id])
         return [results[c.id] for c in candidates]
 
-    def _run(self, cand: Candidate, outputs: Mapping[str, CompileOutput]) -> EvalResult:
+    def before_gpu(self, cand: Candidate, outputs: Mapping[str, Any]) -> tuple[EvalResult | None, dict, dict, str]:
+        """What is known before the GPU: (a final result, or None when the binary must be run; the build info; the
+        cubins; the binary's launch identity). A final result is a compile error or a binary already timed."""
         build = {dt: out.info for dt, out in outputs.items()}
         failed = [dt for dt, out in outputs.items() if out.error is not None]
         if failed:
-            return EvalResult(cand.id, Status.COMPILE_ERROR, build=build, evaluator="gpu",
-                              message=f"{failed[0]}: {outputs[failed[0]].error}"[:4000])
+            return (EvalResult(cand.id, Status.COMPILE_ERROR, build=build, evaluator="gpu",
+                               message=f"{failed[0]}: {outputs[failed[0]].error}"[:4000]), build, {}, "")
         cubins = {dt: out.cubin for dt, out in outputs.items()}
         key = binary.launch_identity(cand.genome.gene_dict, cubins)
         reused = self.seen.reuse(cand.id, key, build)
-        if reused is not None:
-            return reused
+        return reused, build, cubins, key
+
+    def _run(self, cand: Candidate, outputs: Mapping[str, CompileOutput]) -> EvalResult:
+        known, build, cubins, key = self.before_gpu(cand, outputs)
+        if known is not None:
+            return known
         refused = timer_reads(cubins) if cand.genome.patch else None
         if refused:
             result = EvalResult(cand.id, Status.REJECTED, build=build, evaluator="gpu", message=refused)

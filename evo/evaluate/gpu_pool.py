@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..config import ConfigError, WorkersConfig
-from . import binary, static_check
+from . import static_check
 from .gpu import GpuEvaluator, WorkerHandle, hash_seed, timer_reads, _unique
 from .pool import Pool
 from ..types import Candidate, EvalResult, Status
@@ -130,16 +130,9 @@ class PooledGpuEvaluator(GpuEvaluator):
 
     def _queue(self, cand: Candidate, outputs: Mapping[str, Any]) -> EvalResult | tuple:
         """A result known before the GPU (compile error, binary seen before, timer reads), or the queued ask."""
-        build = {dt: out.info for dt, out in outputs.items()}
-        failed = [dt for dt, out in outputs.items() if out.error is not None]
-        if failed:
-            return EvalResult(cand.id, Status.COMPILE_ERROR, build=build, evaluator="gpu",
-                              message=f"{failed[0]}: {outputs[failed[0]].error}"[:4000])
-        cubins = {dt: out.cubin for dt, out in outputs.items()}
-        key = binary.launch_identity(cand.genome.gene_dict, cubins)
-        reused = self.seen.reuse(cand.id, key, build)
-        if reused is not None:
-            return reused
+        known, build, cubins, key = self.before_gpu(cand, outputs)
+        if known is not None:
+            return known
         refused = timer_reads(cubins) if cand.genome.patch else None
         if refused:
             return EvalResult(cand.id, Status.REJECTED, build=build, evaluator="gpu", message=refused)
