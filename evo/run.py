@@ -167,7 +167,7 @@ def table_seeds(path: str | None, problem, space) -> list:
     if not path:
         return []
     try:
-        table = op_table.Table(path)
+        table = op_table.Table(path, runnable=False)
     except op_table.TableError as exc:
         raise ConfigError(f"config key 'search.seeds_from': {exc}") from None
     if table.problem != problem.name:

@@ -51,10 +51,14 @@ class Kernel:
         return gzip.decompress(self.source_path.read_bytes()).decode()
 
 
-class Table:
-    """A loaded table: lookup by (dtype, N)."""
+SELECTION_ONLY = "kernel-factory-dispatch/1"   # a table from before launch recipes: its genomes, no kernels
 
-    def __init__(self, path: str | Path):
+
+class Table:
+    """A loaded table: lookup by (dtype, N). runnable=False reads only the selection (the genomes per dtype and N),
+    as a search seeded from a table does; an older table without built kernels is read that way too."""
+
+    def __init__(self, path: str | Path, runnable: bool = True):
         self.path = Path(path)
         try:
             self.data = json.loads(self.path.read_text())
@@ -62,11 +66,12 @@ class Table:
             raise TableError(f"cannot read dispatch table {str(self.path)!r}: {exc.strerror or exc}") from exc
         except json.JSONDecodeError as exc:
             raise TableError(f"dispatch table {str(self.path)!r} is not JSON: {exc}") from exc
-        if not isinstance(self.data, dict) or self.data.get("format") != FORMAT:
+        formats = (FORMAT,) if runnable else (FORMAT, SELECTION_ONLY)
+        if not isinstance(self.data, dict) or self.data.get("format") not in formats:
             raise TableError(f"{str(self.path)!r} is not a dispatch table of format {FORMAT!r} "
                              f"(found {self.data.get('format') if isinstance(self.data, dict) else 'no format'}); "
                              f"write one with `kernel-factory export ... --build`")
-        for dtype, entry in self.data.get("dtypes", {}).items():
+        for dtype, entry in self.data.get("dtypes", {}).items() if runnable else ():
             for gid in (entry["general"]["genome"], *(e["genome"] for e in entry.get("by_n", {}).values())):
                 if f"{gid}:{dtype}" not in self.data.get("kernels", {}):
                     raise TableError(f"dispatch table {str(self.path)!r}: {dtype} dispatches to genome {gid}, which "

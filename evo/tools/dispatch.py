@@ -26,7 +26,7 @@ from ..protocols import LaunchRecipe, Problem
 from ..types import Candidate, Genome
 
 FORMAT = op_table.FORMAT
-OLD_FORMAT = "kernel-factory-dispatch/1"   # before launch recipes: the same selection, kernels not yet built
+OLD_FORMAT = op_table.SELECTION_ONLY   # before launch recipes: the same selection, kernels not yet built
 CUBIN_FOLDER = "cubins"
 SOURCE_FOLDER = "sources"
 DISPATCH_KEY = ("exact (dtype, N), else the dtype's general genome. M is ignored: the kernels work row by row, "
