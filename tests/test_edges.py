@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from kernel_factory.evo import config as config_mod
+from kernel_factory.evo.journal import records as journal_records
 from kernel_factory.evo.observers import journal
 from kernel_factory.evo.observers.mlflow import open_store
 from kernel_factory.evo.run import execute
@@ -79,7 +80,7 @@ def test_a_full_disk_or_read_only_folder_mid_run_is_one_line_and_keeps_what_was_
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("kernel-factory: error: cannot write") and "journal.jsonl" in err[-1]
     assert __import__("os").strerror(code) in err[-1] and not any("Traceback" in line for line in err)
-    kept = journal.read(tmp_path / "runs" / "full" / "journal.jsonl")
+    kept = journal_records(tmp_path / "runs" / "full" / "journal.jsonl")
     assert len(kept) == 8 and kept[0]["event"] == "start" and kept[1]["event"] == "result"
 
 
@@ -94,7 +95,7 @@ def test_a_read_only_mlflow_store_fails_once_clearly_or_runs_on_the_journal_when
     assert cli.main(["run", str(run_yaml(tracking__uri=ro, tracking__optional=True)), "--run-id", "ro2"]) == 0
     err = capsys.readouterr().err
     assert err.count("cannot be written") == 1 and "journal only" in err
-    end = journal.read(tmp_path / "runs" / "ro2" / "journal.jsonl")[-1]
+    end = journal_records(tmp_path / "runs" / "ro2" / "journal.jsonl")[-1]
     assert end["event"] == "end" and end["best"] is not None
 
 
@@ -112,7 +113,7 @@ def test_an_interrupted_run_keeps_its_measurements(tmp_path, run_yaml, capsys, m
         return evaluate(self, candidates)
     monkeypatch.setattr(ReplayEvaluator, "evaluate", interrupted)
     assert cli.main(["run", str(run_yaml()), "--run-id", "stopped"]) == code
-    records = journal.read(tmp_path / "runs" / "stopped" / "journal.jsonl")
+    records = journal_records(tmp_path / "runs" / "stopped" / "journal.jsonl")
     measured = [r for r in records if r["event"] == "result"]
     end = records[-1]
     assert end["event"] == "end" and end["stop_reason"] == "interrupted" and end["generations"] == 1
@@ -152,7 +153,7 @@ def test_each_stop_rule_ends_the_run_and_is_named(replay_config, stop, reason):
                             "search": {"population": 6, "generations": 30}})
     summary = execute(cfg, f"stop-{reason}")
     assert summary.stop_reason == reason and summary.generations < 30
-    end = journal.read(Path(cfg.out_dir) / f"stop-{reason}" / "journal.jsonl")[-1]
+    end = journal_records(Path(cfg.out_dir) / f"stop-{reason}" / "journal.jsonl")[-1]
     assert end["stop_reason"] == reason
 
 
@@ -216,7 +217,7 @@ def test_results_go_to_stdout_and_progress_to_stderr_for_the_shipped_softmax_con
                      "-o", "observers=[console, journal]", "-o", "search.generations=2"]) == 0
     out, err = capsys.readouterr()
     (line,) = out.splitlines()
-    end = journal.read(tmp_path / "soft" / "journal.jsonl")[-1]
+    end = journal_records(tmp_path / "soft" / "journal.jsonl")[-1]
     assert line.startswith(f"best {end['best']}: fitness ") and "genes {" in line
     assert "/s, ETA" in err and "evaluated" in err and "gen   0 |" in err and "best " not in err.split("done:")[1]
 
