@@ -107,7 +107,7 @@ def test_a_bench_stopped_by_sigterm_keeps_the_cases_it_measured(tmp_path, monkey
         time.sleep(5)
         raise AssertionError("SIGTERM did not stop the bench")
     monkeypatch.setattr(bench, "run", fake_run)
-    assert cli.main(["bench", "--table", "t.json", "--out", str(tmp_path), "--stem", "b"]) == cli.EXIT_INTERRUPTED
+    assert cli.main(["bench", "--table", "t.json", "--out", str(tmp_path), "--stem", "b"]) == cli.EXIT_TERMINATED
     assert seen == [1, 2]
     err = capsys.readouterr().err
     assert "interrupted; the report covers what was measured (2 of 3 cases)" in err
