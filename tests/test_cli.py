@@ -46,12 +46,13 @@ def test_quickstart_is_in_mlflow_with_lineage(quickstart):
     exp = client.get_experiment_by_name("rmsnorm_fwd")
     (parent,) = client.search_runs([exp.experiment_id], "tags.`kf.kind` = 'evolution'")
     assert parent.data.tags["kf.evaluator"] == "replay" and "kf.data" in parent.data.tags
-    kids = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-                              max_results=1000)
-    assert len(kids) == 216
-    ids = {k.data.tags["kf.candidate_id"] for k in kids}
-    later = [k for k in kids if k.data.tags["kf.generation"] != "0"]
-    assert later and all(set(k.data.tags["kf.parent_ids"].split(",")) <= ids for k in later)
+    # Candidates are a table on the parent (child runs are off by default: docs/mlflow-ui.md says why).
+    from kernel_factory.evo.prior import read_table
+    table = read_table(client, parent.info.run_id)
+    assert len(table["candidate"]) == 216
+    ids = set(table["candidate"])
+    later = [p for p, g in zip(table["parents"], table["generation"]) if int(g) != 0]
+    assert later and all(set(p.split(",")) <= ids for p in later if p)
 
 
 def free_port():
@@ -79,10 +80,12 @@ def test_ui_serves_the_run_store(quickstart):
         exp = json.load(urllib.request.urlopen(
             f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=rmsnorm_fwd", timeout=10))
         body = json.dumps({"experiment_ids": [exp["experiment"]["experiment_id"]],
-                           "filter": "tags.`kf.kind` = 'candidate'", "max_results": 500}).encode()
+                           "filter": "tags.`kf.kind` = 'evolution'", "max_results": 500}).encode()
         req = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", body,
                                      {"Content-Type": "application/json"})
-        assert len(json.load(urllib.request.urlopen(req, timeout=20))["runs"]) == 216
+        (parent,) = json.load(urllib.request.urlopen(req, timeout=20))["runs"]   # the server serves the run store
+        tags = {t["key"]: t["value"] for t in parent["data"]["tags"]}
+        assert tags["kf.evaluator"] == "replay"
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(20)
