@@ -96,10 +96,11 @@ def test_warm_start_and_policy_metrics_across_runs(replay_config):
     (parent,) = client.search_runs([exp.experiment_id], f"tags.`kf.run_id` = '{second.run_id}' and tags.`kf.kind` = 'evolution'")
     assert parent.data.tags["kf.warm_start"] == "8 genomes from earlier runs"
     assert int(parent.data.tags["kf.prior_records"]) == first.evaluations
-    seeds = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}' "
-                                                    "and tags.`kf.operator` = 'seed'")
-    assert len(seeds) == 8 and {s.data.tags["kf.generation"] for s in seeds} == {"0"}
-    assert first.best[0].id in {s.data.tags["kf.candidate_id"] for s in seeds}
+    from kernel_factory.evo.prior import read_table   # candidates are a table on the parent run
+    table = read_table(client, parent.info.run_id)
+    seeds = [(c, g) for c, o, g in zip(table["candidate"], table["operator"], table["generation"]) if o == "seed"]
+    assert len(seeds) == 8 and {int(g) for _, g in seeds} == {0}
+    assert first.best[0].id in {c for c, _ in seeds}
     assert second.best[1].fitness >= first.best[1].fitness
     probs = client.get_metric_history(parent.info.run_id, "op_prob.gene_mutation")
     assert len(probs) == second.generations + 1

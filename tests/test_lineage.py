@@ -185,7 +185,9 @@ def test_replay_run_logs_lineage_and_the_cli_explains_its_best(replay_config, tm
     out = subprocess.run([*cli, summary.run_id, "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "drawn")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    blocks = out.stdout.strip().split("\n\n")
+    label, chain = out.stdout.strip().split("\n", 1)   # a replay's lineage says so first
+    assert label.startswith("REPLAY: recorded measurements")
+    blocks = chain.split("\n\n")
     assert blocks[-1].startswith(f"gen {summary.best[0].generation}  {summary.best[0].id}  ")
     assert blocks[0].startswith("gen 0  ") and (tmp_path / "drawn" / "lineage.html").is_file()
 

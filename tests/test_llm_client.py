@@ -1,12 +1,14 @@
 """The LLM client (the official openai package) against a real HTTP server on 127.0.0.1 that behaves as real
 endpoints do: 429 with Retry-After, a timeout, 5xx, a 400 for a parameter that reasoning models reject, a malformed
 reply; plus the prompt budget's trimming rule, the concurrency limit, and an API key that never reaches a message."""
+import functools
 import random
 
 import pytest
 
 from llm_server import ScriptedServer
 
+from kernel_factory.evo.evaluate import render
 from kernel_factory.evo.protocols import OperatorContext
 from kernel_factory.evo.types import Candidate, Genome
 from kernel_factory.operators import llm_prompts
@@ -97,7 +99,7 @@ def test_the_api_key_comes_from_the_environment_and_never_reaches_a_message(serv
 def test_the_prompt_budget_trims_lessons_then_relatives_and_never_the_source(rmsnorm):
     parent = Candidate(Genome.of(rmsnorm.space.defaults()))
     lessons = "# Lessons\n" + "".join(f"- lesson {i}: {random.random()}\n" for i in range(800))
-    ctx = OperatorContext(rmsnorm, {}, lessons, {"gpu": "TEST GPU"}, 1, {})
+    ctx = OperatorContext(rmsnorm, {}, lessons, {"gpu": "TEST GPU"}, 1, functools.partial(render.render, rmsnorm), {})
     full = llm_prompts.rewrite(ctx, parent, 3)
     budget = estimate_tokens(full) - 2000
     trimmed = llm_prompts.rewrite(ctx, parent, 3, budget)
@@ -111,7 +113,7 @@ def test_the_operator_sends_a_generations_calls_together(rmsnorm, serve):
     op = LlmRewrite(agents=[{"name": "local", "base_url": server.base_url, "model": "m", "no_key": True,
                              "max_concurrent": 3}])
     parent = Candidate(Genome.of(rmsnorm.space.defaults()))
-    op.attach(OperatorContext(rmsnorm, {}, "", {"gpu": "TEST GPU"}, 1, {}))
+    op.attach(OperatorContext(rmsnorm, {}, "", {"gpu": "TEST GPU"}, 1, functools.partial(render.render, rmsnorm), {}))
     children = op.make_many([[parent]] * 5, rmsnorm.space, random.Random(0))
     assert len(children) == 5 and len({c.id for c in children}) == 5 and len(server.requests) == 5
     assert server.max_in_flight == 3 and op.ledger.calls == 5

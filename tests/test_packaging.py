@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Baselines that problems load only when installed (each says what it needs), and Kernel Tuner (bench/test extras).
-OPTIONAL_PEERS = {"liger_kernel", "rmsnorm", "kernel_tuner"}
+OPTIONAL_PEERS = {"liger_kernel", "rmsnorm", "kernel_tuner", "quack", "ray"}   # ray: the `ray` extra
 
 
 def name(requirement: str) -> str:
