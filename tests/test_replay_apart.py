@@ -1,7 +1,6 @@
 """Replay kept apart from live learning and labelled wherever its numbers appear: a replay's candidates teach only
 replays of the same recording, and its tags, summary.json, lessons.md, lineage drawings, console and `lineage`
 command all say the numbers were recorded elsewhere."""
-import io
 import json
 import platform
 import subprocess
@@ -10,7 +9,6 @@ import sys
 from mlflow.tracking import MlflowClient
 
 from kernel_factory.evo import config
-from kernel_factory.evo.observers import console as console_mod
 from kernel_factory.evo.prior import load_prior
 from kernel_factory.evo.run import execute
 from kernel_factory.problems import rmsnorm_fwd
@@ -44,11 +42,9 @@ def test_a_replay_teaches_replays_of_its_recording_only(replay_config, synthetic
     assert parent_run(client, second.run_id).data.tags["kf.prior_records"] == str(first.evaluations)
 
 
-def test_replay_is_labelled_wherever_its_numbers_appear(replay_config, tmp_path, monkeypatch):
-    err = io.StringIO()
-    monkeypatch.setattr(console_mod.sys, "stderr", err)
-    summary = execute(config.parse(replay_config, ("search.generations=1",)))
-    lines = err.getvalue().strip().splitlines()
+def test_replay_is_labelled_wherever_its_numbers_appear(replay_config, tmp_path, capsys):
+    summary = execute(config.parse(replay_config, ("search.generations=1", "tracking.child_runs=true")))
+    lines = capsys.readouterr().out.strip().splitlines()   # the best line is a result: stdout
     assert lines[-1].startswith(f"best {summary.best[0].id}") and "REPLAY: recorded measurements" in lines[-1]
 
     client = MlflowClient(f"sqlite:///{replay_config['tracking']['store']}")
