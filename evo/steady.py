@@ -69,7 +69,7 @@ def evolve_steady(space: GeneSpace, proposer: Proposer, evaluator: Evaluator, ob
     state = RunState(evaluator, observers, proposer, history or History(), search, run_id)
     population = state.evaluate(initial_population(space, search.population, search.init_random, rng, seeds), 0)
     state.close_generation(0, population)
-    generation, fresh, empty, stop = 0, [], 0, state.budget.spent(0, len(state.seen))
+    generation, fresh, empty, stop = 0, [], 0, state.budget.spent(state)
     window, llm = workers.in_flight or search.population, threading.Semaphore(workers.llm_concurrency)
     slots: deque[Future] = deque()
     with ThreadPoolExecutor(window, thread_name_prefix="kf-slot") as threads:
@@ -96,7 +96,8 @@ def evolve_steady(space: GeneSpace, proposer: Proposer, evaluator: Evaluator, ob
                 generation += 1
                 state.new, fresh = fresh, []
                 state.close_generation(generation, population)
-            stop = state.budget.spent(generation, len(state.seen))
+            state.generation = generation
+            stop = state.budget.spent(state)
         for slot in slots:
             slot.cancel()   # slots already running finish; their results are not recorded
     summary = state.summary(generation, stop)

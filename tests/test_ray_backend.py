@@ -10,7 +10,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the Ray backend's tests need the ray extra (in the test extra)")
 
 from kernel_factory.evo import build, config  # noqa: E402
-from kernel_factory.evo.observers import journal  # noqa: E402
+from kernel_factory.evo.journal import records as journal_records  # noqa: E402
 from kernel_factory.evo.run import execute  # noqa: E402
 
 
@@ -25,7 +25,7 @@ def cluster():
 def run(cfg_dict, *overrides):
     cfg = config.parse({**cfg_dict, "observers": ["journal"]}, overrides)
     summary = execute(cfg)
-    records = journal.read(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
+    records = journal_records(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
     return summary, [(r["candidate"]["id"], r["result"]["fitness"]) for r in records if r["event"] == "result"]
 
 

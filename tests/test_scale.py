@@ -12,7 +12,7 @@ import pytest
 
 from kernel_factory.evo import build, config
 from kernel_factory.evo.evaluate.pool import Pool, WorkerDied
-from kernel_factory.evo.observers import journal
+from kernel_factory.evo.journal import records as journal_records
 from kernel_factory.evo.run import execute
 
 
@@ -70,7 +70,7 @@ def run(cfg_dict, *overrides):
 
 
 def sequence(cfg, summary):
-    records = journal.read(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
+    records = journal_records(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")
     results = [(r["candidate"]["id"], r["candidate"]["operator"], r["generation"], r["result"]["fitness"])
                for r in records if r["event"] == "result"]
     gens = [r["population"] for r in records if r["event"] == "generation"]
