@@ -45,7 +45,10 @@ def llm_config(replay_config, server, key_env="KF_TEST_LLM_KEY"):
               "operators": {"gene_mutation": {"weight": 0.5},
                             "llm_rewrite": {"weight": 0.5, "agents": [agent], "budget_usd": 5.0},
                             "llm_repair": {"weight": 1.0, "agents": [agent], "max_attempts": 2}}}
-    return config.parse({**replay_config, "search": search, "observers": ["console", "journal", "mlflow"]})
+    # child runs on: the test finds each operator's candidates as runs
+    tracking = {**replay_config["tracking"], "child_runs": True}
+    return config.parse({**replay_config, "search": search, "tracking": tracking,
+                         "observers": ["console", "journal", "mlflow"]})
 
 
 @pytest.fixture

@@ -23,7 +23,9 @@ def write_config(folder: Path, recording: Path) -> Path:
     cfg = {"problem": "rmsnorm_fwd", "seed": 5, "out_dir": str(folder / "runs"),
            "search": {"population": 12, "generations": 12, "surrogate": {"enabled": True, "min_history": 12}},
            "evaluator": {"kind": "replay", "replay": {"recording": str(recording)}},
-           "tracking": {"store": str(folder / "runs" / "mlflow.db"), "artifacts": str(folder / "runs" / "art")}}
+           # child runs on: these tests check that MLflow holds each journaled candidate once, as a run
+           "tracking": {"store": str(folder / "runs" / "mlflow.db"), "artifacts": str(folder / "runs" / "art"),
+                        "child_runs": True}}
     path = folder / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
