@@ -121,6 +121,28 @@ class StopConfig:
 
 
 @dataclass(frozen=True)
+class WorkloadConfig:
+    """A workload campaign (docs/workload.md): the problem's declared workload, narrowed by the keys given here, is
+    drawn into a training set and a disjoint held-out set; one search runs per bucket of the training set, warm-
+    started from the nearest buckets searched before; the best genomes are timed on every training shape of their
+    dtype, and a dispatch rule is learned from those times. The held-out set is only for the validation bench."""
+    dtypes: tuple[str, ...] | None = None     # None: the problem's; the others narrow it
+    m: tuple[int, ...] | None = None          # [low, high] rows
+    n: tuple[int, ...] | None = None          # [low, high] row width
+    small_m_share: float | None = None
+    laws: Mapping[str, float] = field(default_factory=dict)
+    max_bytes: int | None = None              # largest input tensor, bytes
+    seed: int = 0                             # draws the sets (independently of `seed`, which drives the search)
+    train: int = 48                           # training cases per dtype
+    heldout: int = 48                         # held-out cases per dtype
+    per_bucket: int = 24                      # evaluations of each bucket's search
+    neighbours: int = 3                       # buckets searched before whose winners seed the next bucket
+    panel: int = 24                           # most genomes per dtype timed on every training case
+    rule_depth: int = 4                       # depth of the learned dispatch tree
+    buckets: tuple[str, ...] = ()             # only these buckets (empty: every bucket the training set fills)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     problem: str
     dtypes: tuple[str, ...] | None = None   # None: the problem's first dtype
@@ -133,6 +155,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     stop: StopConfig = field(default_factory=StopConfig)
+    workload: WorkloadConfig | None = None  # set: `kernel-factory run` runs a workload campaign (evo/tools/workload)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data that parse() accepts again (resume re-reads a run's resolved config from its journal)."""
@@ -168,6 +191,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Check `value` against the annotation `tp` and convert it (lists to tuples, dicts to dataclasses)."""
     origin = typing.get_origin(tp)
     if origin in (types.UnionType, typing.Union):
+        others = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is not None and len(others) == 1 and dataclasses.is_dataclass(others[0]):
+            return _coerce(value, others[0], where)   # an optional section: its own keys' errors, not "or null"
         errors = []
         for arg in typing.get_args(tp):
             try:
@@ -309,6 +335,7 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(f"config key 'search.learn_from' must be one of {', '.join(LEARN_FROM)}; "
                           f"got {s.learn_from!r}")
     _check_workers(cfg)
+    _check_workload(cfg.workload)
     for key in ("target_fitness", "patience", "wall_clock_s", "gpu_s"):
         value = getattr(cfg.stop, key)
         if value is not None and value <= 0:
@@ -333,6 +360,21 @@ def _check_workers(cfg: RunConfig) -> None:
     if w.llm_concurrency < 1 or w.time_scale < 0:
         raise ConfigError(f"config keys 'workers.llm_concurrency' must be >= 1 and 'workers.time_scale' >= 0; got "
                           f"{w.llm_concurrency}, {w.time_scale}")
+
+
+def _check_workload(w: WorkloadConfig | None) -> None:
+    if w is None:
+        return
+    for key in ("train", "heldout", "per_bucket", "panel", "rule_depth"):
+        if getattr(w, key) < 1:
+            raise ConfigError(f"config key 'workload.{key}' must be >= 1, got {getattr(w, key)}")
+    if w.neighbours < 0:
+        raise ConfigError(f"config key 'workload.neighbours' must be >= 0, got {w.neighbours}")
+    for key in ("m", "n"):
+        value = getattr(w, key)
+        if value is not None and (len(value) != 2 or not 1 <= value[0] <= value[1]):
+            raise ConfigError(f"config key 'workload.{key}' must be [low, high] with 1 <= low <= high, got "
+                              f"{list(value)}")
 
 
 def parse(data: Mapping[str, Any], overrides: tuple[str, ...] = ()) -> RunConfig:

@@ -198,7 +198,7 @@ class Kernels:
         self._launchers: dict[tuple, Launcher] = {}
         self._why: dict[tuple[int, str], str | None] = {}
         self._aligned: dict[tuple[str, str], list[str]] = {}   # the tensors whose alignment a recipe reads
-        self._chosen: dict[tuple[str, int], Kernel | None] = {}
+        self._chosen: dict[tuple[str, int, int], Kernel | None] = {}
         self._fast: dict[tuple, Launcher] = {}   # (device, dtype, M, N, eps) -> launcher, for recipes that read no
         self._lock = threading.Lock()            # alignment (the common case: one dict lookup per call)
 
@@ -217,7 +217,7 @@ class Kernels:
 
     def _why_not(self, index: int, dtype: str, capability: Callable[[int], tuple[int, int]]) -> str | None:
         try:
-            kernel = self.table.kernel(dtype, 1)
+            kernel = self.table.kernel(dtype, 1, 1)
         except TableError as exc:
             return str(exc)
         if kernel is None:
@@ -240,11 +240,13 @@ class Kernels:
                 self._modules[key] = Module(cubin) if cubin is not None else None
             return self._modules[key]
 
-    def kernel(self, dtype: str, n: int) -> Kernel | None:
-        """The table's choice for (dtype, n), decided once."""
-        key = (dtype, n)
+    def kernel(self, dtype: str, m: int, n: int) -> Kernel | None:
+        """The table's choice for (dtype, M, N), decided once."""
+        key = (dtype, m, n)
         if key not in self._chosen:
-            self._chosen[key] = self.table.kernel(dtype, n)
+            if len(self._chosen) > 65536:
+                self._chosen.clear()
+            self._chosen[key] = self.table.kernel(dtype, n, m)
         return self._chosen[key]
 
     def launcher(self, index: int, dtype: str, m: int, n: int, eps: float,
@@ -253,7 +255,7 @@ class Kernels:
         fast = self._fast.get((index, dtype, m, n, eps))
         if fast is not None:
             return fast
-        kernel = self.kernel(dtype, n)
+        kernel = self.kernel(dtype, m, n)
         names = self._aligned.get((kernel.genome, dtype))
         if names is None:
             names = self._aligned[(kernel.genome, dtype)] = recipes.aligned_names(kernel.recipe)

@@ -1,6 +1,7 @@
 """The dispatch table as the library op reads it (kernels/ops/<problem>.json, written by `kernel-factory export`).
 
-Per dtype: the genome to run at each row width N that a run measured, and a general genome for every other N. Per
+Per dtype: a learned rule (a decision tree over the call's M and N, kernels/dispatch_rule.py) when the table was
+learned from a workload, else the genome to run at each row width N that a run measured; and a general genome. Per
 (genome, dtype) a kernel entry: the sm_90a cubin file and its sha256, the kernel names, the launch recipe
 (kernels/recipe.py) and the compressed CUDA source (for a JIT build on another architecture). Everything the op
 needs is in the table and the files beside it; nothing here imports the factory. Needs only the standard library.
@@ -13,6 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+from . import dispatch_rule
 
 FORMAT = "kernel-factory-dispatch/2"
 
@@ -51,6 +54,30 @@ class Kernel:
         return gzip.decompress(self.source_path.read_bytes()).decode()
 
 
+ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def chosen_genomes(entry: Mapping[str, Any]) -> list[str]:
+    """Every genome id one dtype's entry can dispatch to: the rule's leaves, the exact widths' and the general."""
+    rule = dispatch_rule.leaves(entry["rule"]) if "rule" in entry else []
+    return [*rule, *(e["genome"] for e in entry.get("by_n", {}).values()), entry["general"]["genome"]]
+
+
+def choose_in(data: Mapping[str, Any], dtype: str, n: int, m: int = 1) -> tuple[str, str] | None:
+    """(genome id, why) for M rows of width n in dtype from a table's data: the learned rule's leaf, else the exact
+    N's entry, else the dtype's general genome; None when the table has nothing for the dtype."""
+    entry = data.get("dtypes", {}).get(dtype)
+    if entry is None:
+        return None
+    if "rule" in entry:
+        gid, leaf = dispatch_rule.choose(entry["rule"], dispatch_rule.features(m, n, ELEM_BYTES[dtype]))
+        return gid, f"rule leaf {leaf}"
+    exact = entry.get("by_n", {}).get(str(n))
+    if exact is not None:
+        return exact["genome"], f"N={n}"
+    return entry["general"]["genome"], "general"
+
+
 SELECTION_ONLY = "kernel-factory-dispatch/1"   # a table from before launch recipes: its genomes, no kernels
 
 
@@ -71,8 +98,12 @@ class Table:
             raise TableError(f"{str(self.path)!r} is not a dispatch table of format {FORMAT!r} "
                              f"(found {self.data.get('format') if isinstance(self.data, dict) else 'no format'}); "
                              f"write one with `kernel-factory export ... --build`")
+        for dtype, entry in self.data.get("dtypes", {}).items():
+            problems = dispatch_rule.check(entry["rule"], f"{dtype}.rule") if "rule" in entry else []
+            if problems:
+                raise TableError(f"dispatch table {str(self.path)!r}: " + "; ".join(problems[:3]))
         for dtype, entry in self.data.get("dtypes", {}).items() if runnable else ():
-            for gid in (entry["general"]["genome"], *(e["genome"] for e in entry.get("by_n", {}).values())):
+            for gid in chosen_genomes(entry):
                 if f"{gid}:{dtype}" not in self.data.get("kernels", {}):
                     raise TableError(f"dispatch table {str(self.path)!r}: {dtype} dispatches to genome {gid}, which "
                                      f"has no built kernel; re-export with --build")
@@ -84,20 +115,13 @@ class Table:
     def dtypes(self) -> list[str]:
         return sorted(self.data.get("dtypes", {}))
 
-    def choose(self, dtype: str, n: int) -> tuple[str, str] | None:
-        """(genome id, why) for rows of width n in dtype: the exact N's entry, else the dtype's general genome;
-        None when the table has nothing for the dtype."""
-        entry = self.data.get("dtypes", {}).get(dtype)
-        if entry is None:
-            return None
-        exact = entry.get("by_n", {}).get(str(n))
-        if exact is not None:
-            return exact["genome"], f"N={n}"
-        return entry["general"]["genome"], "general"
+    def choose(self, dtype: str, n: int, m: int = 1) -> tuple[str, str] | None:
+        """(genome id, why) for M rows of width n in dtype (choose_in)."""
+        return choose_in(self.data, dtype, n, m)
 
-    def kernel(self, dtype: str, n: int) -> Kernel | None:
-        """The kernel entry the dispatch chooses for (dtype, n), or None when the table has no such dtype."""
-        found = self.choose(dtype, n)
+    def kernel(self, dtype: str, n: int, m: int = 1) -> Kernel | None:
+        """The kernel entry the dispatch chooses for (dtype, M, N), or None when the table has no such dtype."""
+        found = self.choose(dtype, n, m)
         if found is None:
             return None
         gid, why = found

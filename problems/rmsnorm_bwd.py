@@ -14,6 +14,7 @@ import numpy as np
 from ..evo.compiled import compiled_for
 from ..evo.protocols import Launch, MissingBaseline, launch_from_recipe, recipe_names, recipe_value
 from ..evo.types import Case, Gene, GeneSpace, GeneValue
+from ..evo.workload import Workload
 from ..kernels import templates
 
 EPS = 1e-6                 # the forward's eps (rmsnorm_fwd); make_inputs computes rstd with it
@@ -256,6 +257,9 @@ class RmsNormBackward:
     space = SPACE
     dtypes = ("bfloat16", "float16", "float32")
     shape_sets = {"benchmark": BENCHMARK, "correctness": CORRECTNESS, "heldout": HELDOUT}
+    # What users run (a workload campaign draws its training and held-out shapes from it): every batch size from
+    # M = 1, model widths, powers of two and odd widths up to 262144, inputs up to 2 GiB.
+    workload = Workload(dtypes=dtypes)
     baselines = ("torch_eager", "torch_compile", "quack", "quack_tuned", "liger", "int21", "factory_op")
     peers = ("quack", "quack_tuned", "int21")   # the published kernels the targets are set against (best peer)
     row_outputs = ("dx",)   # outputs split by rows; dw sums over every row (see reference_rows)

@@ -13,6 +13,7 @@ from ..evo.compiled import compiled_for
 from ..evo.inputs import plant_special_rows
 from ..evo.protocols import Launch, MissingBaseline, launch_from_recipe, recipe_names
 from ..evo.types import Case, Gene, GeneSpace, GeneValue
+from ..evo.workload import Workload
 from ..kernels import templates
 
 EPS = 1e-6
@@ -170,6 +171,9 @@ class RmsNormForward:
     space = SPACE
     dtypes = ("bfloat16", "float16", "float32")
     shape_sets = {"benchmark": BENCHMARK, "correctness": CORRECTNESS, "heldout": HELDOUT}
+    # What users run (a workload campaign draws its training and held-out shapes from it): every batch size from
+    # M = 1, model widths, powers of two and odd widths up to 262144, inputs up to 2 GiB.
+    workload = Workload(dtypes=dtypes)
     # torch_eager is the search's default. quack_tuned autotunes per shape at its first call (tens of seconds);
     # int21 is INT21's RMSNorm-H100 (import name `rmsnorm`, JIT-built on first use) when it is importable;
     # factory_op is this project's exported library op (kernels/rmsnorm.py), for `kernel-factory bench --op`.

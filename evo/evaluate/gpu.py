@@ -37,6 +37,29 @@ class WorkerError(RuntimeError):
     """The GPU worker could not be started (setup failed or took too long)."""
 
 
+_PARKED: dict[tuple, tuple[Any, Any]] = {}   # env -> (process, pipe) of a worker kept alive between evaluators
+_PARKING = [False]
+
+
+@contextlib.contextmanager
+def parked_workers():
+    """Inside: a closed evaluator's worker process stays alive and the next evaluator on the same GPU takes it over
+    with its own setup (new cases, baseline and known-good check), so that a campaign of many short runs pays the
+    worker's start (CUDA context, torch import) once. Outside: every parked worker is stopped."""
+    _PARKING[0] = True
+    try:
+        yield
+    finally:
+        _PARKING[0] = False
+        for proc, conn in _PARKED.values():
+            with contextlib.suppress(OSError, BrokenPipeError):
+                conn.send({"op": "stop"})
+            proc.join(20)
+            if proc.is_alive():
+                proc.kill()
+        _PARKED.clear()
+
+
 class WorkerHandle:
     """One worker process and its pipe. Restarts it (reusing the measured baseline) after a fault or a hang."""
 
@@ -49,12 +72,16 @@ class WorkerHandle:
         self._start()
 
     def _start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker.serve, args=(child,), daemon=True, name="kf-gpu-worker")
-        with _environment(self.env):   # a spawned child takes the parent's environment at start
-            self.proc.start()
-        child.close()
+        parked = _PARKED.pop(tuple(sorted(self.env.items())), None)
+        if parked is not None and parked[0].is_alive():
+            self.proc, self.conn = parked
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            self.conn, child = ctx.Pipe()
+            self.proc = ctx.Process(target=worker.serve, args=(child,), daemon=True, name="kf-gpu-worker")
+            with _environment(self.env):   # a spawned child takes the parent's environment at start
+                self.proc.start()
+            child.close()
         self.conn.send(self.setup)
         if not self.conn.poll(self.setup_timeout_s):
             self._kill()
@@ -97,6 +124,10 @@ class WorkerHandle:
         return reply
 
     def close(self) -> None:
+        key = tuple(sorted(self.env.items()))
+        if _PARKING[0] and self.proc.is_alive() and key not in _PARKED:
+            _PARKED[key] = (self.proc, self.conn)
+            return
         try:
             self.conn.send({"op": "stop"})
             self.proc.join(20)

@@ -250,7 +250,7 @@ def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:
         from . import dispatch
         table = dispatch.load(value)
         def genes_for(case: Case) -> Mapping[str, GeneValue]:
-            found = dispatch.lookup(table, case.dtype, case.shape[-1])
+            found = dispatch.lookup(table, case.dtype, case.shape[-1], case.shape[0])
             if found is None:
                 raise ConfigError(f"--table {value!r} has no entry for {case.dtype}")
             return {**problem.space.defaults(), **found[0].gene_dict}

@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", help="the table to write (default: kernels/ops/<problem>.json)")
     exp.add_argument("--build", action="store_true", help="also compile sm_90a cubins next to it (cubins/)")
     exp.add_argument("--runs", default="runs", help="the runs folder (the config's out_dir)")
+    hel = sub.add_parser("heldout", help="bench a workload campaign's learned dispatch on its held-out shapes")
+    hel.add_argument("campaign", help="the campaign folder (holds workload.json)")
+    hel.add_argument("--from", dest="from_json", metavar="BENCH.json", help="re-render a recorded held-out bench")
     ben = sub.add_parser("bench", help="time a kernel against every baseline side by side (table, CSV, JSON, PNG)")
     ben.add_argument("--problem", help="the problem (default: rmsnorm_fwd)")
     ben.add_argument("--suite", help="a bench suite YAML: several benches in one command and one report "
@@ -166,8 +169,17 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from ..run import execute
     cfg = config_mod.load(args.config, tuple(args.override))
+    if cfg.workload is not None:
+        from .workload import run_campaign
+        print(f"campaign -> {run_campaign(cfg, args.run_id)}")
+        return 0
     summary = execute(cfg, args.run_id)
     return 0 if summary.best is not None else 1
+
+
+def cmd_heldout(args: argparse.Namespace) -> int:
+    from .heldout import main_heldout
+    return main_heldout(args.campaign, args.from_json)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -444,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
                 "lineage": cmd_lineage, "export": cmd_export, "bench": cmd_bench, "gap": cmd_gap,
-                "report": cmd_report, "faults": cmd_faults, "genes": cmd_genes, "check": cmd_check}
+                "report": cmd_report, "faults": cmd_faults,
+                "heldout": cmd_heldout, "genes": cmd_genes, "check": cmd_check}
     return commands.get(args.command, cmd_ui)(args)
 
 

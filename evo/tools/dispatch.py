@@ -53,7 +53,7 @@ def load(path: str | Path) -> dict[str, Any]:
                          f"write one with `kernel-factory export`")
     known = set(table.get("genomes", {}))
     for dtype, entry in table.get("dtypes", {}).items():
-        used = [entry["general"]["genome"], *(e["genome"] for e in entry.get("by_n", {}).values())]
+        used = op_table.chosen_genomes(entry)
         missing = sorted(set(used) - known)
         if missing:
             raise TableError(f"dispatch table {str(path)!r}: {dtype} names genomes {missing} it does not define")
@@ -64,16 +64,11 @@ def genome(table: Mapping[str, Any], genome_id: str) -> Genome:
     return Genome.from_json(table["genomes"][genome_id])
 
 
-def lookup(table: Mapping[str, Any], dtype: str, n: int) -> tuple[Genome, str] | None:
-    """The genome for rows of width n in dtype and why it was chosen ("N=4096" or "general"); None when the table
-    has nothing for this dtype."""
-    entry = table.get("dtypes", {}).get(dtype)
-    if entry is None:
-        return None
-    exact = entry.get("by_n", {}).get(str(n))
-    if exact is not None:
-        return genome(table, exact["genome"]), f"N={n}"
-    return genome(table, entry["general"]["genome"]), "general"
+def lookup(table: Mapping[str, Any], dtype: str, n: int, m: int = 1) -> tuple[Genome, str] | None:
+    """The genome for M rows of width n in dtype and why it was chosen ("rule leaf 3", "N=4096" or "general");
+    None when the table has nothing for this dtype. The op's reader decides; this only adds the genome record."""
+    found = op_table.choose_in(table, dtype, n, m)
+    return None if found is None else (genome(table, found[0]), found[1])
 
 
 def cubin_name(problem_name: str, genome_id: str, dtype: str) -> str:
@@ -101,11 +96,8 @@ def compile_cubin(problem: Problem, genome: Genome, dtype: str) -> bytes:
 
 def used(table: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Every (genome id, dtype) pair the table can dispatch to, sorted."""
-    pairs = set()
-    for dtype, entry in table.get("dtypes", {}).items():
-        pairs.add((entry["general"]["genome"], dtype))
-        pairs.update((e["genome"], dtype) for e in entry.get("by_n", {}).values())
-    return sorted(pairs)
+    return sorted({(gid, dtype) for dtype, entry in table.get("dtypes", {}).items()
+                   for gid in op_table.chosen_genomes(entry)})
 
 
 def build(problem: Problem, table: dict[str, Any], folder: str | Path) -> dict[str, Any]:

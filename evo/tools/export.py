@@ -254,6 +254,9 @@ def export(problem_name: str, specs: Sequence[str], out: str | Path, runs_dir: s
     problem = problem_plugin(problem_name)
     if not specs:
         raise ExportError("name at least one run (a run id, run folder, journal or recording)")
+    learned = [s for s in specs if (Path(s) / "workload.json").is_file()]
+    if learned:
+        return export_learned(problem, learned, specs, Path(out), build)
     measurements, sources = [], []
     for spec in specs:
         _, found, summary = read_source(spec, problem, runs_dir)
@@ -271,13 +274,38 @@ def export(problem_name: str, specs: Sequence[str], out: str | Path, runs_dir: s
     return out, table
 
 
+def export_learned(problem: Problem, campaigns: Sequence[str], specs: Sequence[str], out: Path,
+                   build: bool) -> tuple[Path, dict[str, Any]]:
+    """A workload campaign's learned table (its folder's kernels/dispatch.json), written to `out` with its kernels
+    rebuilt beside it: the op then dispatches by the learned rule."""
+    if len(campaigns) != 1 or len(specs) != 1:
+        raise ExportError("a workload campaign folder is exported alone: its table is learned, not merged with runs")
+    path = Path(campaigns[0]) / "kernels" / "dispatch.json"
+    table = dispatch.load(path)
+    if table.get("problem") != problem.name:
+        raise ExportError(f"{path} is a table for {table.get('problem')!r}, not {problem.name!r}")
+    table = {k: v for k, v in table.items() if k != "kernels"}
+    table["sources"] = [str(campaigns[0])]
+    if build:
+        dispatch.build(problem, table, out.parent / dispatch.CUBIN_FOLDER)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(dispatch.dumps(table))
+    return out, table
+
+
 def summary(path: Path, table: Mapping[str, Any]) -> str:
     """A few lines for the console: per dtype the general genome and how many widths have an exact entry."""
     lines = [f"dispatch table -> {path} ({len(table['genomes'])} genomes, {len(table['kernels'])} built kernels)"]
     for dtype, entry in table["dtypes"].items():
         gen = entry["general"]
+        if "rule" in entry:
+            fit = entry.get("fit", {})
+            lines.append(f"  {dtype}: learned rule over {len(set(dispatch.op_table.chosen_genomes(entry)))} genomes "
+                         f"(training geomean {fit.get('slowdown', float('nan')):.3f}x the fastest measured per "
+                         f"shape), general {gen['genome']}")
+            continue
         how = gen["provenance"].get("evaluator")
         lines.append(f"  {dtype}: general {gen['genome']} ({how}), exact N: "
                      f"{', '.join(entry['by_n']) or 'none'}")
-    lines += [f"  note: {n}" for n in table["notes"]]
+    lines += [f"  note: {n}" for n in table.get("notes", [])]
     return "\n".join(lines)

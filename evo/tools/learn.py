@@ -1,0 +1,100 @@
+"""Learning the op's dispatch rule from measurements: a small decision tree over shape features (kernels/
+dispatch_rule.py) whose leaves are genomes, fitted to minimize the geomean slowdown against each training shape's
+fastest measured genome.
+
+Splits are chosen greedily (CART-style, cost-sensitive): a node's cost is the least total log slowdown any one
+genome achieves on all its cases; a split is kept when it lowers that cost by more than `min_gain` (log units) and
+leaves at least `min_leaf` cases on each side. A genome not measured on a case counts there as `missing` times
+slower than the best (2x), so that the tree prefers what was measured and splits where the data changes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ...kernels import dispatch_rule
+from ..types import Case
+from ..workload import ELEM_BYTES
+
+MISSING = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A learned tree with what it costs on the cases it was fitted to: the geomean of (chosen / best) time."""
+
+    tree: dict[str, Any]
+    slowdown: float
+    worst: float
+    worst_case: str
+
+
+def _slow(times: Mapping[str, Mapping[str, float]], case: str, genome: str) -> float:
+    row = times[case]
+    return math.log(row[genome] / min(row.values())) if genome in row else MISSING
+
+
+def _best_leaf(times: Mapping[str, Mapping[str, float]], cases: Sequence[str], genomes: Sequence[str]
+               ) -> tuple[float, str]:
+    return min((sum(_slow(times, c, g) for c in cases), g) for g in genomes)
+
+
+def fit(times: Mapping[str, Mapping[str, float]], depth: int = 4, min_leaf: int = 2, min_gain: float = 0.01) -> Fit:
+    """A tree for one dtype from times[case key][genome id] (µs). Every case needs at least one measured genome."""
+    cases = sorted(c for c in times if times[c])
+    if not cases:
+        raise ValueError("no case has a measured genome: nothing to learn a dispatch from")
+    genomes = sorted({g for c in cases for g in times[c]})
+    feats = {c: _features(Case.parse(c)) for c in cases}
+    counter = iter(range(1 << 30))
+
+    def grow(subset: list[str], level: int) -> dict[str, Any]:
+        cost, leaf = _best_leaf(times, subset, genomes)
+        best = None
+        if level < depth and len(subset) >= 2 * min_leaf:
+            for name in dispatch_rule.FEATURES:
+                values = sorted({feats[c][name] for c in subset})
+                for lo, hi in zip(values, values[1:]):
+                    cut = (lo + hi) / 2
+                    left = [c for c in subset if feats[c][name] <= cut]
+                    right = [c for c in subset if feats[c][name] > cut]
+                    if len(left) < min_leaf or len(right) < min_leaf:
+                        continue
+                    split_cost = _best_leaf(times, left, genomes)[0] + _best_leaf(times, right, genomes)[0]
+                    if best is None or split_cost < best[0]:
+                        best = (split_cost, name, cut, left, right)
+        if best is None or cost - best[0] <= min_gain:
+            return {"leaf": leaf, "id": next(counter), "cases": len(subset)}
+        _, name, cut, left, right = best
+        return {"feature": name, "le": round(cut, 6), "then": grow(left, level + 1), "else": grow(right, level + 1)}
+
+    tree = grow(cases, 0)
+    return Fit(tree, *score(tree, times))
+
+
+def score(tree: Mapping[str, Any], times: Mapping[str, Mapping[str, float]]) -> tuple[float, float, str]:
+    """(geomean slowdown, worst slowdown, worst case) of the tree's choices against each case's fastest measured
+    genome; a choice never measured on a case counts as MISSING."""
+    logs = {c: _slow(times, c, chosen(tree, Case.parse(c))) for c in times if times[c]}
+    worst = max(logs, key=logs.get)
+    return math.exp(sum(logs.values()) / len(logs)), math.exp(logs[worst]), worst
+
+
+def chosen(tree: Mapping[str, Any], case: Case) -> str:
+    return dispatch_rule.choose(tree, _features(case))[0]
+
+
+def _features(case: Case) -> dict[str, float]:
+    return dispatch_rule.features(case.shape[0], case.shape[-1], ELEM_BYTES[case.dtype])
+
+
+def times_of(results: Sequence[tuple[str, Mapping[str, float]]]) -> dict[str, dict[str, float]]:
+    """times[case key][genome id] from (genome id, times_us) pairs (a genome timed twice keeps its later time)."""
+    out: dict[str, dict[str, float]] = {}
+    for gid, times_us in results:
+        for case, us in times_us.items():
+            if us and us > 0 and math.isfinite(us):
+                row = out.setdefault(case, {})
+                row[gid] = us
+    return out

@@ -1,0 +1,235 @@
+"""A workload campaign: `kernel-factory run CONFIG` where the config has a `workload:` section.
+
+1. Draw the problem's workload (narrowed by the config) into a training set and a disjoint held-out set; record
+   both, with the buckets, in the campaign folder and in MLflow.
+2. Search every bucket of the training set with the ordinary evolutionary run (its cases: that bucket's training
+   shapes), in bucket order, each warm-started from the winners of the nearest buckets searched before, so that
+   what works spreads across buckets and crossover mixes neighbours.
+3. Time the best genomes of every bucket on every training shape of their dtype (the panel), in one evaluator.
+4. Learn the dispatch rule per dtype from the panel (evo/tools/learn.py) and write it as a dispatch table, with
+   the kernels built, that the op can load.
+5. On a GPU, bench the table on the held-out set against the peers (evo/tools/heldout.py); elsewhere say how.
+
+No search, panel or rule ever sees a held-out shape; tests/test_workload.py checks that on the journals.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .. import build, journal, registry
+from ..config import ConfigError, RunConfig, WorkloadConfig
+from ..evaluate.gpu import parked_workers
+from ..run import execute, new_run_id, run_folder
+from ..types import Candidate, Case, Genome
+from ..workload import ServesWorkload, Split, Workload, by_bucket, distance, narrow, split
+from . import dispatch, learn
+
+PLAN = "workload.json"
+TABLE = "dispatch.json"
+WINNERS = 2          # genomes of each bucket that seed its neighbours and join the panel
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a campaign works on, before anything is measured."""
+
+    workload: Workload
+    split: Split
+    buckets: dict[str, list[Case]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workload": {**dataclasses.asdict(self.workload), "laws": dict(self.workload.laws)},
+                **self.split.to_json(), "buckets": {b: [c.key for c in cs] for b, cs in self.buckets.items()}}
+
+
+def plan(cfg: RunConfig) -> Plan:
+    """The narrowed workload, its seeded split and the training buckets; ConfigError for a bad workload key."""
+    problem = registry.load("problem", cfg.problem)
+    if not isinstance(problem, ServesWorkload):
+        raise ConfigError(f"config key 'workload': problem {cfg.problem!r} declares no workload (a `workload` "
+                          f"attribute, evo/workload.py); drop the key or add one to the plugin")
+    w: WorkloadConfig = cfg.workload
+    try:
+        served = narrow(problem.workload, dtypes=w.dtypes, m=w.m, n=w.n, small_m_share=w.small_m_share,
+                        laws=dict(w.laws) or None, max_bytes=w.max_bytes)
+        sets = split(served, w.seed, w.train, w.heldout)
+    except ValueError as exc:
+        raise ConfigError(f"config key 'workload.{exc}") from None
+    buckets = by_bucket(sets.train)
+    if w.buckets:
+        unknown = [b for b in w.buckets if b not in buckets]
+        if unknown:
+            raise ConfigError(f"config key 'workload.buckets': {unknown[0]!r} holds no training shape; the training "
+                              f"set fills {', '.join(buckets)}")
+        buckets = {b: buckets[b] for b in w.buckets}
+    return Plan(served, sets, buckets)
+
+
+def slug(bucket: str) -> str:
+    return bucket.replace("/", ".").replace("<=", "le").replace("<", "lt").replace(">", "gt")
+
+
+def winners(path: Path, count: int) -> list[Genome]:
+    """The `count` fittest distinct genomes a bucket's run measured."""
+    ranked = sorted((r.fitness, c.genome.id, c.genome) for c, r in journal.read(path).pairs()
+                    if not r.status.failed and r.fitness > 0)
+    out: list[Genome] = []
+    for _, _, genome in reversed(ranked):
+        if genome not in out:
+            out.append(genome)
+    return out[:count]
+
+
+def seeds_table(path: Path, problem: str, genomes: Sequence[Genome]) -> Path:
+    """A selection-only table of the neighbours' winners: the next bucket's run reads it as search.seeds_from."""
+    table = {"format": dispatch.OLD_FORMAT, "problem": problem, "dtypes": {},
+             "genomes": {g.id: g.to_json() for g in genomes}}
+    path.write_text(dispatch.dumps(table))
+    return path
+
+
+def bucket_config(cfg: RunConfig, cases: Sequence[Case], seeds: Path | None) -> RunConfig:
+    """The ordinary run config of one bucket's search: its training shapes, its evaluation budget, its seeds."""
+    budget = cfg.workload.per_bucket
+    search = replace(cfg.search, max_evaluations=budget, generations=max(cfg.search.generations, budget),
+                     seeds_from=str(seeds) if seeds else None)
+    return replace(cfg, dtypes=(cases[0].dtype,), shapes=",".join("x".join(map(str, c.shape)) for c in cases),
+                   search=search, workload=None)
+
+
+def search_buckets(cfg: RunConfig, campaign: str, folder: Path, p: Plan) -> dict[str, list[Genome]]:
+    """Step 2: one run per bucket, in order; returns each bucket's winners."""
+    found: dict[str, list[Genome]] = {}
+    for b, cases in p.buckets.items():
+        near = sorted((distance(b, other), other) for other in found if distance(b, other) < 10)
+        seeds = [g for _, other in near[:cfg.workload.neighbours] for g in found[other]]
+        seed_file = seeds_table(folder / f"seeds-{slug(b)}.json", cfg.problem, seeds) if seeds else None
+        run_id = f"{campaign}.{slug(b)}"
+        print(f"workload: bucket {b}: {len(cases)} training shapes, {len(seeds)} seeds from "
+              f"{', '.join(o for _, o in near[:cfg.workload.neighbours]) or 'no bucket yet'} -> run {run_id}",
+              file=sys.stderr)
+        execute(bucket_config(cfg, cases, seed_file), run_id)
+        found[b] = winners(Path(cfg.out_dir) / run_id / journal.NAME, WINNERS)
+    return found
+
+
+def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome]]) -> dict[str, Path]:
+    """Step 3: per dtype, the winners of its buckets timed on all its training shapes by one evaluator."""
+    out = {}
+    for dtype in p.workload.dtypes:
+        cases = [c for c in p.split.train if c.dtype == dtype]
+        genomes: list[Genome] = []
+        for b, gs in found.items():
+            genomes += [g for g in gs if b.startswith(dtype + "/") and g not in genomes]
+        genomes = genomes[:cfg.workload.panel]
+        if not cases or not genomes:
+            continue
+        pcfg = bucket_config(cfg, cases, None)
+        run = build.prepare(pcfg)
+        evaluator = build.make_evaluator(run, build.evaluator_kind(pcfg)[0])
+        try:
+            results = evaluator.evaluate([Candidate(g, operator="panel") for g in genomes])
+        finally:
+            evaluator.close()
+        path = out[dtype] = folder / f"panel-{dtype}.jsonl"
+        path.write_text("".join(json.dumps({"genome": g.to_json(), "result": r.to_json()}) + "\n"
+                                for g, r in zip(genomes, results)))
+        print(f"workload: panel {dtype}: {len(genomes)} genomes x {len(cases)} training shapes", file=sys.stderr)
+    return out
+
+
+def read_panel(path: Path) -> tuple[dict[str, Genome], dict[str, dict[str, float]]]:
+    """(genomes by id, times[case][genome id]) of one panel file; failed genomes give no times."""
+    genomes, pairs = {}, []
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        genome = Genome.from_json(entry["genome"])
+        genomes[genome.id] = genome
+        if entry["result"]["status"] == "ok":
+            pairs.append((genome.id, entry["result"]["times_us"]))
+    return genomes, learn.times_of(pairs)
+
+
+def learn_table(problem_name: str, panels: Mapping[str, Path], depth: int, campaign: str) -> dict[str, Any]:
+    """Step 4: the dispatch table (selection: genomes and a rule per dtype) learned from the panels."""
+    table: dict[str, Any] = {"format": dispatch.OLD_FORMAT, "problem": problem_name, "genomes": {}, "dtypes": {},
+                             "learned": {"campaign": campaign, "from": "panel times of the training set"}}
+    for dtype, path in sorted(panels.items()):
+        genomes, times = read_panel(path)
+        if not times:
+            continue
+        fitted = learn.fit(times, depth=depth)
+        general = learn.fit(times, depth=0).tree["leaf"]
+        table["dtypes"][dtype] = {"rule": fitted.tree, "general": {"genome": general}, "by_n": {},
+                                  "fit": {"cases": len(times), "slowdown": fitted.slowdown,
+                                          "worst": fitted.worst, "worst_case": fitted.worst_case}}
+        for gid in {general, *dispatch.op_table.chosen_genomes(table["dtypes"][dtype])}:
+            table["genomes"][gid] = genomes[gid].to_json()
+        print(f"workload: rule {dtype}: {len(set(dispatch.op_table.chosen_genomes(table['dtypes'][dtype])))} "
+              f"genomes, on the training set {fitted.slowdown:.3f}x the fastest measured genome per shape (geomean)"
+              f", worst {fitted.worst:.3f}x at {fitted.worst_case}", file=sys.stderr)
+    return table
+
+
+def track(cfg: RunConfig, campaign: str, folder: Path, p: Plan, mlflow_run: str | None = None,
+          status: str = "FINISHED") -> str | None:
+    """The campaign's own MLflow run: opened with the plan (training and held-out sets, buckets) as an artifact and
+    its counts as params; closed with the learned table and the held-out report. None when MLflow is off."""
+    if "mlflow" not in cfg.observers:
+        return None
+    from ..observers.mlflow import experiment_id, open_tracking
+    client, _ = open_tracking(cfg.tracking)
+    if mlflow_run is None:
+        exp = experiment_id(client, cfg.tracking.experiment or cfg.problem, Path(cfg.tracking.artifacts).resolve())
+        note = (f"Workload campaign {campaign}: {len(p.split.train)} training and {len(p.split.heldout)} held-out "
+                f"shapes of {cfg.problem} ({', '.join(p.workload.dtypes)}), {len(p.buckets)} bucket searches (runs "
+                f"{campaign}.<bucket>). The held-out shapes are in workload.json; no search saw them.")
+        mlflow_run = client.create_run(exp, run_name=f"workload {campaign}", tags={
+            "kf.kind": "workload", "kf.campaign": campaign, "mlflow.note.content": note}).info.run_id
+        for key, value in (("workload.train", len(p.split.train)), ("workload.heldout", len(p.split.heldout)),
+                           ("workload.buckets", len(p.buckets)), ("workload.seed", cfg.workload.seed),
+                           ("workload.dtypes", ",".join(p.workload.dtypes))):
+            client.log_param(mlflow_run, key, str(value))
+        client.log_artifact(mlflow_run, str(folder / PLAN))
+        return mlflow_run
+    for path in (folder / "kernels" / TABLE, folder / "heldout.md", *sorted(folder.glob("panel-*.jsonl"))):
+        if path.is_file():
+            client.log_artifact(mlflow_run, str(path))
+    client.set_terminated(mlflow_run, status)
+    return mlflow_run
+
+
+def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
+    """Steps 1-5; returns the campaign folder (workload.json, seeds, panels, the table kernels/dispatch.json with
+    its cubins and sources beside it, and on a GPU the held-out report)."""
+    p = plan(cfg)
+    problem = registry.load("problem", cfg.problem)
+    campaign = campaign or new_run_id(f"{cfg.problem}-workload")
+    folder = run_folder(cfg.out_dir, campaign, resume=False)
+    (folder / PLAN).write_text(json.dumps({"campaign": campaign, "config": cfg.to_json(), **p.to_json()}, indent=1))
+    print(f"workload {campaign}: {len(p.split.train)} training and {len(p.split.heldout)} held-out shapes over "
+          f"{', '.join(p.workload.dtypes)}; {len(p.buckets)} buckets to search", file=sys.stderr)
+    mlflow_run = track(cfg, campaign, folder, p)
+    status = "FAILED"
+    try:
+        with parked_workers():   # one GPU worker process serves every bucket's run and the panels
+            found = search_buckets(cfg, campaign, folder, p)
+            panels = panel(cfg, folder, p, found)
+        table = learn_table(cfg.problem, panels, cfg.workload.rule_depth, campaign)
+        dispatch.build(problem, table, folder / "kernels" / dispatch.CUBIN_FOLDER)
+        (folder / "kernels" / TABLE).write_text(dispatch.dumps(table))
+        from .heldout import validate   # the held-out bench needs a GPU; it says so and how to run it elsewhere
+        validate(cfg, folder, p)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        if mlflow_run:
+            track(cfg, campaign, folder, p, mlflow_run, status)
+    return folder

@@ -1,0 +1,223 @@
+"""Workloads, not benchmark rows: the seeded training / held-out draws, the buckets, the learned dispatch rule, the
+op's table reading it, and a whole campaign on the CPU with a stand-in for the GPU (a deterministic cost model of
+genes and shape) that records every case it was asked to time, so that "no search sees a held-out shape" is checked
+on what was actually evaluated, not on the plan."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from kernel_factory.evo import build, config, journal
+from kernel_factory.evo.config import ConfigError
+from kernel_factory.evo.protocols import EvaluatorInfo
+from kernel_factory.evo.tools import learn, workload as campaign
+from kernel_factory.evo.types import Case, EvalResult, Status, geomean_speedup
+from kernel_factory.evo.workload import (ELEM_BYTES, Workload, bucket, by_bucket, distance, draw, narrow, split)
+from kernel_factory.kernels import dispatch_rule
+from kernel_factory.kernels.table import Table, TableError
+from kernel_factory.problems.rmsnorm_fwd import problem as fwd
+
+
+# ---- draws -----------------------------------------------------------------------------------------------------------
+
+def test_split_is_seeded_disjoint_and_covers_what_users_run():
+    w = fwd.workload
+    a, b = split(w, 7, 40, 48), split(w, 7, 40, 48)
+    assert a == b and split(w, 8, 40, 48) != a
+    assert not set(a.train) & set(a.heldout)
+    assert len(set(a.heldout)) == 48 * 3 and len(set(a.train)) == 40 * 3
+    # the held-out stream does not depend on how many training shapes are drawn
+    assert split(w, 7, 5, 48).heldout == a.heldout
+    for dtype in w.dtypes:
+        held = [c for c in a.heldout if c.dtype == dtype]
+        assert sum(c.shape[0] < w.sms for c in held) >= 48 // 5          # small M, M = 1 region
+        assert sum(c.shape[1] % 8 != 0 for c in held) >= 48 // 4          # widths with a vector tail
+        assert all(c.shape[0] * c.shape[1] * ELEM_BYTES[dtype] <= w.max_bytes for c in held)
+        assert all(w.m[0] <= c.shape[0] <= w.m[1] and w.n[0] <= c.shape[1] <= w.n[1] for c in held)
+
+
+def test_draws_are_log_uniform_not_piled_on_a_bound():
+    w = Workload(dtypes=("bfloat16",), small_m_share=0.0)
+    ms = [c.shape[0] for c in draw(w, "bfloat16", 400, random.Random(3))]
+    assert max(ms.count(m) for m in set(ms)) < 20
+    decades = {int(math.log10(m)) for m in ms}
+    assert decades >= {2, 3, 4}
+
+
+def test_narrowing_names_what_widens():
+    w = fwd.workload
+    assert narrow(w, dtypes=["float16"], n=[64, 8192]).n == (64, 8192)
+    with pytest.raises(ValueError, match="dtypes: 'int8'"):
+        narrow(w, dtypes=["int8"])
+    with pytest.raises(ValueError, match=r"n: \[1, 8192\] is wider"):
+        narrow(w, n=[1, 8192])
+    with pytest.raises(ValueError, match="laws"):
+        narrow(w, laws={"primes": 1.0})
+
+
+def test_config_rejects_bad_workload_keys():
+    base = {"problem": "rmsnorm_fwd", "workload": {"train": 4}}
+    assert config.parse(base).workload.train == 4
+    with pytest.raises(ConfigError, match="workload.train' must be >= 1"):
+        config.parse({"problem": "rmsnorm_fwd", "workload": {"train": 0}})
+    with pytest.raises(ConfigError, match="workload.m' must be"):
+        config.parse({"problem": "rmsnorm_fwd", "workload": {"m": [5, 1]}})
+    with pytest.raises(ConfigError, match="workload.colour' is unknown"):
+        config.parse({"problem": "rmsnorm_fwd", "workload": {"colour": 1}})
+    cfg = config.parse({"problem": "rmsnorm_fwd", "workload": {"buckets": ["bfloat16/nowhere"]}})
+    with pytest.raises(ConfigError, match="workload.buckets'.*holds no training shape"):
+        campaign.plan(cfg)
+    with pytest.raises(ConfigError, match="workload.dtypes"):
+        campaign.plan(config.parse({"problem": "rmsnorm_fwd", "workload": {"dtypes": ["int8"]}}))
+
+
+def test_buckets_split_where_the_best_kernel_changes():
+    assert bucket(Case((1, 4096), "bfloat16")) == "bfloat16/m<sms/row<=32K/vec"
+    assert bucket(Case((131, 4100), "bfloat16")) == "bfloat16/m<sms/row<=32K/tail"
+    assert bucket(Case((132, 100), "float32")) == "float32/m<16w/row<=2K/vec"      # 400 bytes: whole vectors
+    assert bucket(Case((65536, 262144), "float16")) == "float16/m-large/row>192K/vec"
+    near = distance("bfloat16/m<sms/row<=32K/vec", "bfloat16/m<sms/row<=32K/tail")
+    assert near < distance("bfloat16/m<sms/row<=32K/vec", "bfloat16/m-large/row>192K/vec") < 10
+    assert distance("bfloat16/m<sms/row<=32K/vec", "float16/m<sms/row<=32K/vec") >= 10
+    groups = by_bucket([Case((1, 64), "float16"), Case((1, 64), "bfloat16"), Case((9000, 64), "bfloat16")])
+    assert list(groups) == ["bfloat16/m<sms/row<=2K/vec", "bfloat16/m-large/row<=2K/vec", "float16/m<sms/row<=2K/vec"]
+
+
+# ---- the learned rule --------------------------------------------------------------------------------------------------
+
+def _times(cases, best_of):
+    """times where best_of(case) is 1.0x and every other genome 1.5x."""
+    return {c.key: {g: (1.0 if g == best_of(c) else 1.5) for g in ("small", "wide", "odd")} for c in cases}
+
+
+def test_fit_recovers_a_split_the_data_holds():
+    rng = random.Random(0)
+    cases = [Case((rng.randint(1, 65536), rng.randint(64, 65536)), "bfloat16") for _ in range(60)]
+
+    def best_of(c):
+        return "odd" if c.shape[1] % 8 else ("small" if c.shape[0] < 132 else "wide")
+    fitted = learn.fit(_times(cases, best_of), depth=3)
+    assert fitted.slowdown == pytest.approx(1.0) and fitted.worst == pytest.approx(1.0)
+    unseen = [Case((rng.randint(1, 65536), rng.randint(64, 65536)), "bfloat16") for _ in range(200)]
+    assert all(learn.chosen(fitted.tree, c) == best_of(c) for c in unseen)
+    assert dispatch_rule.check(fitted.tree, "t") == []
+
+
+def test_fit_prefers_one_leaf_when_a_split_buys_nothing():
+    cases = [Case((m, 1024), "float32") for m in (1, 10, 100, 1000, 10000)]
+    fitted = learn.fit({c.key: {"a": 1.0, "b": 1.2} for c in cases}, depth=4)
+    assert fitted.tree["leaf"] == "a"
+    # a genome never measured on a case counts as twice the best there
+    fitted = learn.fit({cases[0].key: {"a": 1.0}, cases[1].key: {"b": 1.0}}, depth=0)
+    assert fitted.worst == pytest.approx(2.0)
+
+
+def test_rule_structure_errors_name_the_node():
+    bad = {"feature": "colour", "le": 1, "then": {"leaf": "a"}}
+    problems = dispatch_rule.check(bad, "bfloat16.rule")
+    assert any("colour" in p for p in problems) and any("missing 'else'" in p for p in problems)
+
+
+def test_table_dispatches_by_rule_on_m_and_n(tmp_path):
+    rule = {"feature": "log2_m", "le": 7.0, "then": {"leaf": "g_small", "id": 0}, "else": {"leaf": "g_big", "id": 1}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": "kernel-factory-dispatch/1", "problem": "rmsnorm_fwd",
+                                "genomes": {}, "dtypes": {"bfloat16": {"rule": rule, "general": {"genome": "g_big"}}}}))
+    table = Table(path, runnable=False)
+    assert table.choose("bfloat16", 4096, 1) == ("g_small", "rule leaf 0")
+    assert table.choose("bfloat16", 4096, 4096) == ("g_big", "rule leaf 1")
+    rule["feature"] = "colour"
+    path.write_text(json.dumps({"format": "kernel-factory-dispatch/1", "problem": "rmsnorm_fwd", "genomes": {},
+                                "dtypes": {"bfloat16": {"rule": rule, "general": {"genome": "g_big"}}}}))
+    with pytest.raises(TableError, match="colour"):
+        Table(path, runnable=False)
+
+
+# ---- a campaign on the CPU ------------------------------------------------------------------------------------------------
+
+class CostModel:
+    """Stands in for the GPU evaluator: a deterministic time per (genes, case) from a roofline and penalties that
+    make different buckets prefer different genomes, and a ledger of every case it was built for."""
+
+    ledger: list[Case] = []
+
+    def __init__(self, cases):
+        self.cases = tuple(cases)
+        CostModel.ledger += self.cases
+        self.info = EvaluatorInfo("gpu", "cost model (test)", {"gpu": "cost model"})
+
+    @staticmethod
+    def time_us(genes, case) -> float:
+        m, n = case.shape
+        row_bytes = n * ELEM_BYTES[case.dtype]
+        t = 3.0 + 2 * m * row_bytes / 3e6
+        rows_per_sm = m / 132
+        t *= 1 + 0.2 * abs(math.log2(int(genes["threads"])) - (7 if row_bytes <= 2048 else 10))
+        t *= 1.0 if (int(genes["cluster"]) > 1) == (rows_per_sm < 1 and row_bytes > 16384) else 1.3
+        t *= 1.0 if (genes["load"] == "nc") == (n % 8 == 0) else 1.15
+        return t
+
+    def evaluate(self, candidates):
+        out = []
+        for cand in candidates:
+            genes = {**fwd.space.defaults(), **cand.genome.gene_dict}
+            times = {c.key: self.time_us(genes, c) for c in self.cases}
+            base = {c.key: 1.2 * self.time_us(fwd.space.defaults(), c) for c in self.cases}
+            out.append(EvalResult(cand.id, Status.OK, geomean_speedup(times, base), times, {}, base,
+                                  evaluator="gpu", gpu_s=0.01))
+        return out
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def model_gpu(monkeypatch):
+    CostModel.ledger = []
+    monkeypatch.setattr(build, "evaluator_kind", lambda cfg: ("gpu", None))
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: CostModel(run.cases))
+    return CostModel
+
+
+def test_campaign_searches_buckets_learns_a_rule_and_never_sees_heldout(tmp_path, model_gpu, capsys):
+    cfg = config.parse({
+        "problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"),
+        "tracking": {"store": str(tmp_path / "mlflow.db"), "artifacts": str(tmp_path / "artifacts")},
+        "workload": {"dtypes": ["bfloat16"], "train": 10, "heldout": 12, "seed": 5, "per_bucket": 6, "panel": 6,
+                     "rule_depth": 3, "n": [64, 16384]},
+        "search": {"population": 4},
+        "observers": ["journal", "mlflow"]})
+    plan = campaign.plan(cfg)
+    folder = campaign.run_campaign(cfg, "camp")
+    heldout = set(plan.split.heldout)
+    assert model_gpu.ledger and not heldout & set(model_gpu.ledger)
+    assert set(model_gpu.ledger) == set(plan.split.train)
+    # one run per bucket, each measuring only its bucket's training shapes
+    for b, cases in plan.buckets.items():
+        run = journal.read(tmp_path / "runs" / f"camp.{campaign.slug(b)}" / journal.NAME)
+        measured = {k for _, r in run.pairs() for k in r.times_us}
+        assert measured == {c.key for c in cases}
+    # later buckets start from their neighbours' winners
+    seeds = sorted(folder.glob("seeds-*.json"))
+    assert len(seeds) == len(plan.buckets) - 1
+    # the rule: loadable by the op's reader, with built kernels, no worse on the training set than one genome
+    table = Table(folder / "kernels" / "dispatch.json")
+    entry = table.data["dtypes"]["bfloat16"]
+    panel = campaign.read_panel(folder / "panel-bfloat16.jsonl")[1]
+    one = learn.fit(panel, depth=0)
+    assert entry["fit"]["slowdown"] <= one.slowdown + 1e-9
+    for c in plan.split.train:
+        assert table.kernel("bfloat16", c.shape[1], c.shape[0]).cubin()[:4] == b"\x7fELF"
+    recorded = json.loads((folder / "workload.json").read_text())
+    assert set(recorded["heldout"]) == {c.key for c in heldout}
+    assert "the held-out bench needs a GPU" in capsys.readouterr().err
+    # MLflow holds the campaign with its sets
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (exp,) = [e for e in client.search_experiments() if e.name == "rmsnorm_fwd"]
+    (run,) = client.search_runs([exp.experiment_id], "tags.`kf.kind` = 'workload'")
+    assert run.data.params["workload.heldout"] == "12" and run.info.status == "FINISHED"
+    assert "workload.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
