@@ -66,6 +66,21 @@ def shapes_of(problem: Problem, spec: str, where: str) -> tuple[tuple[int, ...],
     return tuple(shapes)
 
 
+def cases_of(problem: Problem, spec: str, dtypes: Sequence[str]) -> tuple[Case, ...]:
+    """The run's cases: each shape of `spec` in each dtype, or, where spec lists case keys ("bfloat16:1x4096,
+    float32:5x1024", as a workload bucket does), exactly those cases (their dtypes must be among `dtypes`)."""
+    if ":" not in spec:
+        return tuple(Case(s, dt) for dt in dtypes for s in shapes_of(problem, spec, "config key 'shapes'"))
+    cases = []
+    for item in spec.split(","):
+        dtype, _, shape = item.strip().partition(":")
+        if dtype not in dtypes:
+            raise ConfigError(f"config key 'shapes': case {item.strip()!r} has dtype {dtype!r}, not one of the run's "
+                              f"dtypes {', '.join(dtypes)}")
+        cases += [Case(s, dtype) for s in shapes_of(problem, shape, "config key 'shapes'")]
+    return tuple(cases)
+
+
 def prepare(cfg: RunConfig) -> Run:
     """Resolve the problem, its cases and the operators. Touches no GPU."""
     problem = _plugin("problem", cfg.problem, "problem")
@@ -74,7 +89,7 @@ def prepare(cfg: RunConfig) -> Run:
         if dt not in problem.dtypes:
             raise ConfigError(f"config key 'dtypes': {dt!r} is not supported by {problem.name}; "
                               f"choose from {', '.join(problem.dtypes)}")
-    cases = tuple(Case(s, dt) for dt in dtypes for s in shapes_of(problem, cfg.shapes, "config key 'shapes'"))
+    cases = cases_of(problem, cfg.shapes, dtypes)
     restrict_space(problem.space, cfg.search.space)   # fails here, before anything runs, if it names bad genes
     baseline = cfg.evaluator.baseline or problem.baselines[0]
     if baseline not in problem.baselines:

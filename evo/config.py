@@ -139,6 +139,9 @@ class WorkloadConfig:
     neighbours: int = 3                       # buckets searched before whose winners seed the next bucket
     panel: int = 24                           # most genomes per dtype timed on every training case
     rule_depth: int = 4                       # depth of the learned dispatch tree
+    # Bucket by dtype too (a search per dtype and class), or search each class on all its dtypes' shapes at once
+    # (genes are dtype-free; the panel and the rule stay per dtype): a third of the searches.
+    bucket_by_dtype: bool = True
     buckets: tuple[str, ...] = ()             # only these buckets (empty: every bucket the training set fills)
 
 
@@ -146,7 +149,8 @@ class WorkloadConfig:
 class RunConfig:
     problem: str
     dtypes: tuple[str, ...] | None = None   # None: the problem's first dtype
-    shapes: str = "benchmark"               # a shape set of the problem, or "MxN,MxN": the shapes fitness measures
+    # a shape set of the problem, or "MxN,MxN" (each in every dtype), or case keys "bfloat16:MxN,float32:MxN"
+    shapes: str = "benchmark"
     seed: int = 0
     out_dir: str = "runs"
     observers: tuple[str, ...] = ("console", "journal", "mlflow")

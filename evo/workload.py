@@ -165,12 +165,12 @@ def _classify(value: int, classes: Sequence[tuple[int, str]]) -> tuple[int, str]
     return index, classes[index][1]
 
 
-def bucket(case: Case) -> str:
-    """The bucket of a case: dtype / M class / row-bytes class / vec or tail."""
+def bucket(case: Case, by_dtype: bool = True) -> str:
+    """The bucket of a case: dtype (or `any`) / M class / row-bytes class / vec or tail."""
     m, n = case.shape[0], case.shape[-1]
     row = n * ELEM_BYTES[case.dtype]
     vec = "vec" if row % dispatch_rule.VEC_BYTES == 0 else "tail"
-    return f"{case.dtype}/{_classify(m, M_CLASSES)[1]}/{_classify(row, ROW_CLASSES)[1]}/{vec}"
+    return f"{case.dtype if by_dtype else 'any'}/{_classify(m, M_CLASSES)[1]}/{_classify(row, ROW_CLASSES)[1]}/{vec}"
 
 
 def _coordinates(name: str) -> tuple[str, int, int, int]:
@@ -186,9 +186,9 @@ def distance(a: str, b: str) -> float:
     return (0 if da == db else 10) + abs(ma - mb) + abs(ra - rb) + 0.5 * abs(va - vb)
 
 
-def by_bucket(cases: Sequence[Case]) -> dict[str, list[Case]]:
+def by_bucket(cases: Sequence[Case], by_dtype: bool = True) -> dict[str, list[Case]]:
     """Cases grouped by bucket, buckets in a stable order (dtype, M class, row class, vec before tail)."""
     groups: dict[str, list[Case]] = {}
     for case in cases:
-        groups.setdefault(bucket(case), []).append(case)
-    return {k: sorted(groups[k], key=lambda c: c.shape) for k in sorted(groups, key=_coordinates)}
+        groups.setdefault(bucket(case, by_dtype), []).append(case)
+    return {k: sorted(groups[k], key=lambda c: (c.dtype, c.shape)) for k in sorted(groups, key=_coordinates)}

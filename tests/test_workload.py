@@ -84,6 +84,16 @@ def test_buckets_split_where_the_best_kernel_changes():
     assert distance("bfloat16/m<sms/row<=32K/vec", "float16/m<sms/row<=32K/vec") >= 10
     groups = by_bucket([Case((1, 64), "float16"), Case((1, 64), "bfloat16"), Case((9000, 64), "bfloat16")])
     assert list(groups) == ["bfloat16/m<sms/row<=2K/vec", "bfloat16/m-large/row<=2K/vec", "float16/m<sms/row<=2K/vec"]
+    merged = by_bucket([Case((1, 64), "float16"), Case((1, 64), "bfloat16"), Case((1, 32), "float32")], False)
+    assert merged == {"any/m<sms/row<=2K/vec": [Case((1, 64), "bfloat16"), Case((1, 64), "float16"),
+                                                Case((1, 32), "float32")]}
+
+
+def test_a_run_can_name_its_cases_one_by_one():
+    cases = build.cases_of(fwd, "bfloat16:1x4096,float32:5x1024", ("bfloat16", "float32"))
+    assert cases == (Case((1, 4096), "bfloat16"), Case((5, 1024), "float32"))
+    with pytest.raises(ConfigError, match="dtype 'float16', not one of the run's dtypes"):
+        build.cases_of(fwd, "float16:1x4096", ("bfloat16",))
 
 
 # ---- the learned rule --------------------------------------------------------------------------------------------------
@@ -186,8 +196,8 @@ def test_campaign_searches_buckets_learns_a_rule_and_never_sees_heldout(tmp_path
     cfg = config.parse({
         "problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"),
         "tracking": {"store": str(tmp_path / "mlflow.db"), "artifacts": str(tmp_path / "artifacts")},
-        "workload": {"dtypes": ["bfloat16"], "train": 10, "heldout": 12, "seed": 5, "per_bucket": 6, "panel": 6,
-                     "rule_depth": 3, "n": [64, 16384]},
+        "workload": {"dtypes": ["bfloat16", "float32"], "train": 8, "heldout": 12, "seed": 5, "per_bucket": 6,
+                     "panel": 6, "rule_depth": 3, "n": [64, 16384], "bucket_by_dtype": False},
         "search": {"population": 4},
         "observers": ["journal", "mlflow"]})
     plan = campaign.plan(cfg)
@@ -205,12 +215,12 @@ def test_campaign_searches_buckets_learns_a_rule_and_never_sees_heldout(tmp_path
     assert len(seeds) == len(plan.buckets) - 1
     # the rule: loadable by the op's reader, with built kernels, no worse on the training set than one genome
     table = Table(folder / "kernels" / "dispatch.json")
-    entry = table.data["dtypes"]["bfloat16"]
-    panel = campaign.read_panel(folder / "panel-bfloat16.jsonl")[1]
-    one = learn.fit(panel, depth=0)
-    assert entry["fit"]["slowdown"] <= one.slowdown + 1e-9
+    for dtype in ("bfloat16", "float32"):
+        panel = campaign.read_panel(folder / f"panel-{dtype}.jsonl")[1]
+        assert set(panel) == {c.key for c in plan.split.train if c.dtype == dtype}
+        assert table.data["dtypes"][dtype]["fit"]["slowdown"] <= learn.fit(panel, depth=0).slowdown + 1e-9
     for c in plan.split.train:
-        assert table.kernel("bfloat16", c.shape[1], c.shape[0]).cubin()[:4] == b"\x7fELF"
+        assert table.kernel(c.dtype, c.shape[1], c.shape[0]).cubin()[:4] == b"\x7fELF"
     recorded = json.loads((folder / "workload.json").read_text())
     assert set(recorded["heldout"]) == {c.key for c in heldout}
     assert "the held-out bench needs a GPU" in capsys.readouterr().err
@@ -219,5 +229,5 @@ def test_campaign_searches_buckets_learns_a_rule_and_never_sees_heldout(tmp_path
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (exp,) = [e for e in client.search_experiments() if e.name == "rmsnorm_fwd"]
     (run,) = client.search_runs([exp.experiment_id], "tags.`kf.kind` = 'workload'")
-    assert run.data.params["workload.heldout"] == "12" and run.info.status == "FINISHED"
+    assert run.data.params["workload.heldout"] == "24" and run.info.status == "FINISHED"
     assert "workload.json" in {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -60,7 +60,7 @@ def plan(cfg: RunConfig) -> Plan:
         sets = split(served, w.seed, w.train, w.heldout)
     except ValueError as exc:
         raise ConfigError(f"config key 'workload.{exc}") from None
-    buckets = by_bucket(sets.train)
+    buckets = by_bucket(sets.train, w.bucket_by_dtype)
     if w.buckets:
         unknown = [b for b in w.buckets if b not in buckets]
         if unknown:
@@ -98,7 +98,7 @@ def bucket_config(cfg: RunConfig, cases: Sequence[Case], seeds: Path | None) -> 
     budget = cfg.workload.per_bucket
     search = replace(cfg.search, max_evaluations=budget, generations=max(cfg.search.generations, budget),
                      seeds_from=str(seeds) if seeds else None)
-    return replace(cfg, dtypes=(cases[0].dtype,), shapes=",".join("x".join(map(str, c.shape)) for c in cases),
+    return replace(cfg, dtypes=tuple(sorted({c.dtype for c in cases})), shapes=",".join(c.key for c in cases),
                    search=search, workload=None)
 
 
@@ -124,8 +124,10 @@ def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome
     for dtype in p.workload.dtypes:
         cases = [c for c in p.split.train if c.dtype == dtype]
         genomes: list[Genome] = []
-        for b, gs in found.items():
-            genomes += [g for g in gs if b.startswith(dtype + "/") and g not in genomes]
+        for rank in range(WINNERS):   # every bucket's best first, then every bucket's second
+            for b, gs in found.items():
+                if b.split("/")[0] in (dtype, "any") and rank < len(gs) and gs[rank] not in genomes:
+                    genomes.append(gs[rank])
         genomes = genomes[:cfg.workload.panel]
         if not cases or not genomes:
             continue
