@@ -136,6 +136,7 @@ class WorkloadConfig:
     train: int = 48                           # training cases per dtype
     heldout: int = 48                         # held-out cases per dtype
     per_bucket: int = 24                      # evaluations of each bucket's search
+    search_s: float | None = None             # wall clock for all bucket searches, shared out bucket by bucket
     neighbours: int = 3                       # buckets searched before whose winners seed the next bucket
     panel: int = 24                           # most genomes per dtype timed on every training case
     rule_depth: int = 4                       # depth of the learned dispatch tree
@@ -372,6 +373,8 @@ def _check_workload(w: WorkloadConfig | None) -> None:
     for key in ("train", "heldout", "per_bucket", "panel", "rule_depth"):
         if getattr(w, key) < 1:
             raise ConfigError(f"config key 'workload.{key}' must be >= 1, got {getattr(w, key)}")
+    if w.search_s is not None and w.search_s <= 0:
+        raise ConfigError(f"config key 'workload.search_s' must be > 0 (or null for no limit), got {w.search_s}")
     if w.neighbours < 0:
         raise ConfigError(f"config key 'workload.neighbours' must be >= 0, got {w.neighbours}")
     for key in ("m", "n"):

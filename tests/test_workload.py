@@ -231,3 +231,39 @@ def test_campaign_searches_buckets_learns_a_rule_and_never_sees_heldout(tmp_path
     (run,) = client.search_runs([exp.experiment_id], "tags.`kf.kind` = 'workload'")
     assert run.data.params["workload.heldout"] == "24" and run.info.status == "FINISHED"
     assert "workload.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+# ---- the held-out report ------------------------------------------------------------------------------------------------
+
+def _row(dtype, shape, ours, **peers):
+    providers = {"factory": {"us": ours, "pct_copy": 50.0}}
+    for name, value in peers.items():
+        providers[name] = value if isinstance(value, dict) else {"us": value}
+    return {"case": f"{dtype}:{shape[0]}x{shape[1]}", "dtype": dtype, "shape": list(shape), "providers": providers}
+
+
+def test_heldout_lines_compare_with_the_best_correct_peer():
+    from kernel_factory.evo.tools import heldout
+    result = {"format": "kernel-factory-bench/1", "rows": [
+        _row("bfloat16", (1, 4096), 10.0, int21=8.0, liger=12.0),                      # 0.80 against int21
+        _row("bfloat16", (4096, 4100), 20.0, int21={"us": 10.0, "note": "incorrect: 3% off"}, liger=25.0),
+        _row("bfloat16", (7, 100), 5.0, int21={"error": "needs N % 8 == 0"}, torch_eager=6.0),
+        _row("float32", (64, 64), 4.0, int21=4.4)]}
+    lines, md = heldout.summarize(result, "rmsnorm_fwd")
+    ratios = [0.8, 25 / 20, 6 / 5]
+    geo = math.exp(sum(map(math.log, ratios)) / 3)
+    assert lines == [f"held-out fwd bf16: geomean {geo:.2f}x best peer over 3 shapes, worst 0.80x at 1x4096",
+                     "held-out fwd fp32: geomean 1.10x best peer over 1 shapes, worst 1.10x at 64x64"]
+    assert "int21 left out: incorrect: 3% off" in md and "int21 failed: needs N % 8 == 0" in md
+
+
+def test_heldout_command_rerenders_a_recorded_bench(tmp_path, capsys):
+    from kernel_factory.evo.tools import cli
+    (tmp_path / "workload.json").write_text(json.dumps({"config": {"problem": "rmsnorm_fwd"}, "heldout": []}))
+    bench_json = tmp_path / "b.json"
+    bench_json.write_text(json.dumps({"format": "kernel-factory-bench/1",
+                                      "rows": [_row("float16", (3, 300), 2.0, int21=3.0)]}))
+    assert cli.main(["heldout", str(tmp_path), "--from", str(bench_json)]) == 0
+    assert "held-out fwd fp16: geomean 1.50x best peer over 1 shapes" in capsys.readouterr().out
+    assert cli.main(["heldout", str(tmp_path / "nowhere")]) == cli.EXIT_BAD_INPUT
+    assert "not a workload campaign folder" in capsys.readouterr().err

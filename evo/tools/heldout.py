@@ -86,13 +86,19 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def bench_heldout(problem: str, table: Path, cases: Sequence[Case], reps: int = 20) -> dict[str, Any]:
-    """Bench the table on the held-out cases, one bench per dtype, joined (needs a GPU)."""
-    parts = []
-    for dtype in sorted({c.dtype for c in cases}):
+def bench_heldout(problem: str, table: Path, cases: Sequence[Case], out: Path, reps: int = 20) -> dict[str, Any]:
+    """Bench the table on the held-out cases, one bench per dtype, joined (needs a GPU). After every row the result
+    so far is written to `out`, so that a bench cut short keeps what it measured."""
+    dtypes = sorted({c.dtype for c in cases})
+    parts: list[dict[str, Any]] = []
+
+    def keep(partial: dict[str, Any]) -> None:
+        out.write_text(json.dumps(bench_suite.join([*parts, partial], [f"held-out {d}" for d in dtypes]), indent=1))
+    for dtype in dtypes:
         shapes = ",".join("x".join(map(str, c.shape)) for c in cases if c.dtype == dtype)
-        parts.append(bench.run(problem, {"table": str(table)}, shapes, [dtype], list(PEERS), reps, 1, 30.0))
-    return bench_suite.join(parts, [f"held-out {d}" for d in sorted({c.dtype for c in cases})])
+        parts.append(bench.run(problem, {"table": str(table)}, shapes, [dtype], list(PEERS), reps, 1, 30.0,
+                               on_row=keep))
+    return bench_suite.join(parts, [f"held-out {d}" for d in dtypes])
 
 
 def validate(cfg: RunConfig, folder: Path, p: Any) -> list[str]:
@@ -103,7 +109,7 @@ def validate(cfg: RunConfig, folder: Path, p: Any) -> list[str]:
         print(f"workload: the held-out bench needs a GPU ({reason}); run `kernel-factory heldout {folder}` on "
               f"one", file=sys.stderr)
         return []
-    result = bench_heldout(cfg.problem, folder / "kernels" / "dispatch.json", p.split.heldout)
+    result = bench_heldout(cfg.problem, folder / "kernels" / "dispatch.json", p.split.heldout, folder / BENCH)
     return write(result, cfg.problem, folder)
 
 
@@ -132,6 +138,7 @@ def main_heldout(folder: str, from_json: str | None) -> int:
         lines, md = summarize(result, problem)
         print(md if not lines else "\n".join(lines))
         return 0
-    result = bench_heldout(problem, path / "kernels" / "dispatch.json", [Case.parse(k) for k in plan["heldout"]])
+    result = bench_heldout(problem, path / "kernels" / "dispatch.json", [Case.parse(k) for k in plan["heldout"]],
+                           path / BENCH)
     write(result, problem, path)
     return 0

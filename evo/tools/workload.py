@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -93,11 +95,14 @@ def seeds_table(path: Path, problem: str, genomes: Sequence[Genome]) -> Path:
     return path
 
 
-def bucket_config(cfg: RunConfig, cases: Sequence[Case], seeds: Path | None) -> RunConfig:
-    """The ordinary run config of one bucket's search: its training shapes, its evaluation budget, its seeds."""
+def bucket_config(cfg: RunConfig, cases: Sequence[Case], seeds: Path | None,
+                  wall_s: float | None = None) -> RunConfig:
+    """The ordinary run config of one bucket's search: its training shapes, its evaluation budget (and its share of
+    the campaign's search clock), its seeds."""
     budget = cfg.workload.per_bucket
+    clock = min(x for x in (cfg.search.wall_clock_s, wall_s, math.inf) if x is not None)
     search = replace(cfg.search, max_evaluations=budget, generations=max(cfg.search.generations, budget),
-                     seeds_from=str(seeds) if seeds else None)
+                     seeds_from=str(seeds) if seeds else None, wall_clock_s=None if clock == math.inf else clock)
     return replace(cfg, dtypes=tuple(sorted({c.dtype for c in cases})), shapes=",".join(c.key for c in cases),
                    search=search, workload=None)
 
@@ -105,7 +110,11 @@ def bucket_config(cfg: RunConfig, cases: Sequence[Case], seeds: Path | None) -> 
 def search_buckets(cfg: RunConfig, campaign: str, folder: Path, p: Plan) -> dict[str, list[Genome]]:
     """Step 2: one run per bucket, in order; returns each bucket's winners."""
     found: dict[str, list[Genome]] = {}
-    for b, cases in p.buckets.items():
+    started = time.monotonic()
+    for i, (b, cases) in enumerate(p.buckets.items()):
+        share = None
+        if cfg.workload.search_s is not None:   # what is left of the clock, shared by the buckets left
+            share = max(1.0, (cfg.workload.search_s - (time.monotonic() - started)) / (len(p.buckets) - i))
         near = sorted((distance(b, other), other) for other in found if distance(b, other) < 10)
         seeds = [g for _, other in near[:cfg.workload.neighbours] for g in found[other]]
         seed_file = seeds_table(folder / f"seeds-{slug(b)}.json", cfg.problem, seeds) if seeds else None
@@ -113,7 +122,7 @@ def search_buckets(cfg: RunConfig, campaign: str, folder: Path, p: Plan) -> dict
         print(f"workload: bucket {b}: {len(cases)} training shapes, {len(seeds)} seeds from "
               f"{', '.join(o for _, o in near[:cfg.workload.neighbours]) or 'no bucket yet'} -> run {run_id}",
               file=sys.stderr)
-        execute(bucket_config(cfg, cases, seed_file), run_id)
+        execute(bucket_config(cfg, cases, seed_file, share), run_id)
         found[b] = winners(Path(cfg.out_dir) / run_id / journal.NAME, WINNERS)
     return found
 
