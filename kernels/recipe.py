@@ -7,11 +7,13 @@ run the same plan. It is plain JSON:
     {"let":     [["name", EXPR], ...],                 evaluated in order; later ones may use earlier names
      "buffers": {"name": {"dtype": "float32", "shape": [EXPR, ...]}},   scratch the op allocates (uninitialised)
      "steps":   [{"kernel": "entry", "grid": EXPR, "block": EXPR, "cluster": EXPR, "smem": EXPR,
-                  "args": [["ptr", "x"], ["i32", EXPR], ["f32", EXPR], ...]}, ...]}
+                  "args": [["ptr", "x"], ["i32", EXPR], ["f32", EXPR], ...], "when": EXPR}, ...]}
 
 An EXPR is a number, a name (M, N, eps, a `let` name) or a list [OP, EXPR, ...] with OP one of OPS. ["align", "x"]
 is the largest power of two (at most 16) that divides tensor x's address. `grid` counts CTAs along x (a multiple of
-`cluster`); block and cluster are along x too. Needs only the standard library.
+`cluster`); block and cluster are along x too. A step runs only where its optional `when` holds (a plan may take
+another path at small M), and a buffer is allocated only where a step that runs names it. Needs only the standard
+library.
 """
 from __future__ import annotations
 
@@ -100,10 +102,12 @@ def evaluate(recipe: Mapping[str, Any], m: int, n: int, eps: float = 0.0,
              addresses: Mapping[str, int] | None = None) -> Plan:
     """The launch plan of a recipe for rows (m, n), eps, and the tensors' addresses (only their alignment counts)."""
     env = names(recipe, m, n, eps, addresses)
+    run = [s for s in recipe["steps"] if value(s.get("when", True), env)]
+    used = {a for s in run for kind, a in s["args"] if kind == "ptr"}
     buffers = {name: (spec["dtype"], tuple(int(value(d, env)) for d in spec["shape"]))
-               for name, spec in recipe.get("buffers", {}).items()}
+               for name, spec in recipe.get("buffers", {}).items() if name in used}
     steps = []
-    for s in recipe["steps"]:
+    for s in run:
         args = tuple((kind, a if kind == "ptr" else value(a, env)) for kind, a in s["args"])
         steps.append(Step(s.get("kernel", ""), int(value(s["grid"], env)), int(value(s["block"], env)),
                           int(value(s.get("cluster", 1), env)), int(value(s.get("smem", 0), env)), args))
@@ -123,7 +127,7 @@ def aligned_names(recipe: Mapping[str, Any]) -> list[str]:
     for _, expr in recipe.get("let", ()):
         walk(expr)
     for s in recipe["steps"]:
-        for key in ("grid", "block", "cluster", "smem"):
+        for key in ("grid", "block", "cluster", "smem", "when"):
             walk(s.get(key))
         for kind, arg in s["args"]:
             if kind != "ptr":

@@ -80,3 +80,10 @@
 #ifndef STREAM_BATCH
 #define STREAM_BATCH 1
 #endif
+// small_m (structure)
+#define SMALL_M_NONE 0
+#define SMALL_M_DIRECT 1
+#define SMALL_M_GROUPED 2
+#ifndef SMALL_M
+#define SMALL_M SMALL_M_NONE
+#endif

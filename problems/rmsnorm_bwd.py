@@ -6,76 +6,20 @@ launch plan: a persistent main kernel that leaves fp32 dw partials in a scratch 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ..evo.compiled import compiled_for
-from ..evo.protocols import Launch, MissingBaseline, launch_from_recipe, recipe_names, recipe_value
+from ..evo.protocols import Launch, MissingBaseline, launch_from_recipe
 from ..evo.types import Case, Gene, GeneSpace, GeneValue
 from ..evo.workload import Workload
 from ..kernels import templates
-
-EPS = 1e-6                 # the forward's eps (rmsnorm_fwd); make_inputs computes rstd with it
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-# The H200 the factory targets, as constants so that launch plans never query a GPU.
-SMS = 132
-REGS_PER_SM = 65536
-THREADS_PER_SM = 2048
-MIN_THREADS_PER_SM = 512           # below 16 warps per SM a persistent memory-bound grid starves, unless ...
-MIN_RING_THREADS_PER_SM = 128      # ... cp.async keeps the bytes in flight (stages > 0): then 4 warps will do
-MAX_SMEM_PER_CTA = 227 * 1024      # sm_90: static + dynamic shared memory of one CTA (dynamic above 48 KB opt-in)
-SMEM_PER_SM = 228 * 1024           # sm_90: shared memory of an SM, 1 KB of it reserved per resident CTA
-MAX_STATIC_SMEM = 48 * 1024
-SMEM_SLACK = 1024                  # static shared memory beyond static_smem()'s count (alignment, compiler extras)
-# Scratch: rows of fp32 dw partials. A plan uses at most SMS * max(ctas_per_sm) slots (times rows_per_cta when the
-# partials live in global memory, one row per row group), never more rows than M + MAX_ROWS_PER_CTA, and no more than
-# SCRATCH_BYTES of them at very wide N (the plan then launches fewer slots).
-MAX_CTAS_PER_SM = 4
-MAX_ROWS_PER_CTA = 8
-SCRATCH_BYTES = 256 * 2**20
-DW_THREADS = 256                   # the template's rmsnorm_bwd_dw block
-PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL = 1, 2, 4   # the template's PLAN_* flags
-BASE_REGS = 28                     # registers besides the slots and one vector's unpacked temporaries
-RING_REGS = 16                     # more with a cp.async ring: slot addresses, and both passes' loads from it
-# A cluster's CTAs share one GPC, and the H200's GPCs hold different numbers of SMs, so fewer than SMS // cluster
-# clusters of 4 or more are resident at once: with one CTA per SM, the driver counts 30 of 4, 15 of 8 and 7 of 16
-# (cuOccupancyMaxActiveClusters, tests/gpu). A persistent grid launches no more clusters than are resident (times
-# ctas_per_sm, a lower bound when CTAs share SMs): a second wave of the few left over would double the time.
-RESIDENT_CLUSTERS = {4: 30, 8: 15, 16: 7}
-
-
-def registers(g: Mapping[str, GeneValue]) -> int:
-    """Registers per thread the genes need, for 2-byte dtypes (the worst case): per register vector, x and dy
-    (twice with prefetch), w for the whole kernel and, with dw_acc=regs, the dw partials; plus the unpacked
-    temporaries of one vector, x and dy of a streamed batch's other vectors (and addresses), and the ring's extra.
-    Calibrated on NVRTC builds: no genome this admits spills."""
-    words, elems = int(g["vec_bytes"]) // 4, int(g["vec_bytes"]) // 2
-    per_vec = 2 * words * (2 if g["prefetch"] else 1) + elems * (2 if g["dw_acc"] == "regs" else 1)
-    sb = int(g["stream_batch"])   # a batch's other vectors, and addresses (more per byte with 8-byte vectors)
-    batch = (sb - 1) * (2 * words + elems) + (16 if words == 4 else 24) if sb > 1 else 0
-    return BASE_REGS + 2 * elems + int(g["reg_vecs"]) * per_vec + batch + (RING_REGS if int(g["stages"]) else 0)
-
-
-def register_limit(g: Mapping[str, GeneValue]) -> int:
-    """What __launch_bounds__(THREADS, CTAS_PER_SM) leaves per thread (allocated in units of 8)."""
-    return min(255, REGS_PER_SM // (int(g["threads"]) * int(g["ctas_per_sm"])) // 8 * 8)
-
-
-def static_smem(g: Mapping[str, GeneValue]) -> int:
-    """Bytes of static shared memory the main kernel declares: two alternating reduction buffers, and with a
-    cluster two mbarriers and two rows of CLUSTER exchange slots (per warp with cluster_sum=warps)."""
-    threads, cluster, tpr = int(g["threads"]), int(g["cluster"]), int(g["threads"]) // int(g["rows_per_cta"])
-    warps = g["cluster_sum"] == "warps"   # every warp's sum crosses the cluster: no CTA step, a slot per warp
-    # a one-warp row, or warps pushing their sums across the cluster, shuffle only
-    red = threads if g["reduce"] == "smem" else 0 if tpr == 32 or warps else threads // 32
-    return 4 * 2 * red + (16 + 8 * cluster * (threads // 32 if warps else 1) if cluster > 1 else 0)
-
-
-def ring_bytes(g: Mapping[str, GeneValue]) -> int:
-    """Bytes of the cp.async ring (stages > 0): per row slot, x and dy of every thread's register vectors."""
-    return int(g["stages"]) * int(g["reg_vecs"]) * 2 * int(g["threads"]) * int(g["vec_bytes"])
+from .rmsnorm_bwd_plan import (  # noqa: F401  (re-exported: tests and tools read them here)
+    DIRECT_ROWS, DTYPE_BYTES, DW_THREADS, EPS, MAX_SMEM_PER_CTA, MAX_STATIC_SMEM, MIN_RING_THREADS_PER_SM,
+    MAX_CTAS_PER_SM, MAX_ROWS_PER_CTA, MIN_THREADS_PER_SM, PLAN_DW_GLOBAL, PLAN_DW_SMEM, PLAN_VECTOR,
+    RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS, SLOT_ROWS, SMEM_PER_SM, SMEM_SLACK, SMS, THREADS_PER_SM, Plan, plan,
+    recipe, register_limit, registers, ring_bytes, scratch_rows, static_smem)
 
 
 def _rule(g: Mapping[str, GeneValue]) -> str | None:
@@ -97,6 +41,13 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
                 f"(128 with a ring)")
     if g["cluster_sum"] == "warps" and (cluster == 1 or g["reduce"] != "shfl"):
         return "cluster_sum=warps sends each warp's shuffled sum across a cluster: needs cluster > 1 and reduce=shfl"
+    resident = RESIDENT_CLUSTERS.get(cluster, SMS // cluster) * int(g["ctas_per_sm"])
+    # Past a direct plan's rows, a grouped plan's slots are at least that many rows / SLOT_ROWS: where those are
+    # already all the resident slots, grouping never binds and the genome is small_m=direct under another name.
+    direct = DIRECT_ROWS * rows * cluster
+    if g["small_m"] == "grouped" and -(-(direct + 1) // (rows * SLOT_ROWS)) >= resident:
+        return (f"small_m=grouped changes no plan of cluster={cluster}: past the direct plan's {direct} rows, "
+                f"slots of {SLOT_ROWS} rows are already all {resident} resident ones; use small_m=direct")
     if g["reduce"] == "smem" and tpr == 32:
         return "a one-warp row sums with shuffles; reduce=smem is for rows of several warps"
     if static_smem(g) > MAX_STATIC_SMEM:
@@ -137,99 +88,12 @@ SPACE = GeneSpace(
              doc="cp.async ring of row slots in shared memory: the register vectors of stages-1 rows ahead in flight"),
         Gene("stream_batch", (1, 2, 4), 1,
              doc="streamed vectors (past the register ones) whose x and dy loads issue together, before their math"),
+        Gene("small_m", ("none", "direct", "grouped"), "none",
+             doc="at M up to DIRECT_ROWS per CTA of a slot, one slot runs every row and writes dw itself (one launch, "
+                 "no partials) | that, and above it slots of SLOT_ROWS rows at least (fewer partial rows to sum)"),
     ),
     rule=_rule,
 )
-
-
-# Rows of the dw-partial scratch output: the most any genome's plan writes for an (M, N) case.
-SCRATCH_ROWS = ["max", MAX_ROWS_PER_CTA, ["min", ["add", "M", MAX_ROWS_PER_CTA], SMS * MAX_CTAS_PER_SM,
-                                          ["div", SCRATCH_BYTES, ["mul", 4, "N"]]]]
-
-
-def scratch_rows(m: int, n: int) -> int:
-    """Rows of the dw-partial scratch output for an (m, n) case."""
-    return recipe_value(SCRATCH_ROWS, {"M": m, "N": n})
-
-
-def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
-    """The launch recipe (kernels/recipe.py): the vector path where N and the pointers allow it; dw partials in
-    registers when the register vectors cover the row (one row group), else in shared memory when it holds them for
-    ctas_per_sm CTAs per SM (more would leave CTAs of the persistent grid for a second wave), else in global memory;
-    a persistent grid of ctas_per_sm CTAs per SM (fewer when M or the scratch is smaller); then rmsnorm_bwd_dw sums
-    the `partial_rows` rows of partials with CTAs that each cover `qx` runs of `dw_width` columns (4: float4 loads;
-    1: any N)."""
-    threads, rows, cluster = int(g["threads"]), int(g["rows_per_cta"]), int(g["cluster"])
-    tpr = threads // rows
-    vec_bytes = int(g["vec_bytes"])
-    vec = vec_bytes // DTYPE_BYTES[dtype]
-    ring = ring_bytes(g)
-    aligned = ["and", *(["le", vec_bytes, ["align", t]] for t in ("x", "dy", "dx")),
-               *(["le", 16, ["align", t]] for t in ("w", "dw", "dw_partial"))]
-    in_regs = g["dw_acc"] == "regs" and rows == 1
-    resident = RESIDENT_CLUSTERS.get(cluster, SMS // cluster) * int(g["ctas_per_sm"])   # clusters that fit at once
-    let = [
-        ["aligned", aligned],
-        ["vector", ["and", "aligned", ["eq", ["mod", "N", vec], 0]]],
-        ["width", ["if", "vector", vec, 1]],
-        ["vecs", ["cdiv", ["div", "N", "width"], tpr * cluster]],
-        ["partials", ["mul", "vecs", ["mul", "width", rows * tpr * 4]]],
-        ["own", ["add", static_smem(g) + SMEM_SLACK + ring, "partials"]],
-        ["in_regs", ["and", in_regs, ["le", "vecs", int(g["reg_vecs"])]]],
-        ["in_smem", ["and", ["le", "own", MAX_SMEM_PER_CTA],
-                     ["le", ["mul", int(g["ctas_per_sm"]), ["add", "own", 1024]], SMEM_PER_SM]]],
-        ["flags", ["if", "in_regs", 0, ["if", "in_smem", PLAN_DW_SMEM, PLAN_DW_GLOBAL]]],
-        ["shared", ["if", ["and", ["not", "in_regs"], "in_smem"], ["add", ring, "partials"], ring]],
-        ["scratch", SCRATCH_ROWS],
-        ["cap", ["div", "scratch", ["if", ["eq", "flags", PLAN_DW_GLOBAL], rows, 1]]],
-        ["slots", ["max", 1, ["min", ["cdiv", "M", rows], resident, "cap"]]],
-        ["partial_rows", ["if", ["eq", "flags", PLAN_DW_GLOBAL], ["mul", "slots", rows], "slots"]],
-        ["dw_width", ["if", ["and", ["eq", ["mod", "N", 4], 0], "aligned"], 4, 1]],
-        ["columns", ["cdiv", "N", "dw_width"]],
-        ["qx", ["if", ["le", SMS, ["cdiv", "columns", 8]], 8, ["if", ["le", SMS, ["cdiv", "columns", 4]], 4,
-                ["if", ["le", SMS, ["cdiv", "columns", 2]], 2, 1]]]],
-    ]
-    main = {"kernel": "rmsnorm_bwd", "grid": ["mul", "slots", cluster], "block": threads, "cluster": cluster,
-            "smem": "shared",
-            "args": [["ptr", "x"], ["ptr", "w"], ["ptr", "dy"], ["ptr", "rstd"], ["ptr", "dx"], ["ptr", "dw_partial"],
-                     ["i32", "M"], ["i32", "N"], ["i32", "slots"],
-                     ["i32", ["add", "flags", ["if", "vector", PLAN_VECTOR, 0]]]]}
-    reduce = {"kernel": "rmsnorm_bwd_dw", "grid": ["cdiv", "columns", "qx"], "block": DW_THREADS,
-              "args": [["ptr", "dw_partial"], ["ptr", "dw"], ["i32", "partial_rows"], ["i32", "N"], ["i32", "qx"],
-                       ["i32", ["if", ["eq", "dw_width", 4], 1, 0]]]}
-    return {"let": let, "buffers": {"dw_partial": {"dtype": "float32", "shape": ["scratch", "N"]}},
-            "steps": [main, reduce]}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The recipe's values for one case: the main kernel runs `slots` CTAs (clusters of `cluster` CTAs when
-    cluster > 1) with the template's plan `flags` and `shared_bytes` of dynamic shared memory, and writes
-    `partial_rows` rows of dw partials; rmsnorm_bwd_dw sums them with `dw_grid` CTAs of `dw_qx` runs of `dw_width`
-    columns."""
-
-    slots: int
-    cluster: int
-    flags: int
-    shared_bytes: int
-    partial_rows: int
-    dw_width: int
-    dw_qx: int
-    dw_grid: int
-
-    @property
-    def grid(self) -> int:
-        """CTAs of the main kernel (a multiple of the cluster size)."""
-        return self.slots * self.cluster
-
-
-def plan(g: Mapping[str, GeneValue], m: int, n: int, dtype: str, aligned: bool = True) -> Plan:
-    """The recipe evaluated for an (m, n) case, every tensor 16-byte aligned (else 2-byte aligned)."""
-    align = 16 if aligned else 2
-    v = recipe_names(recipe(g, dtype), m, n, 0.0,
-                     {t: align for t in ("x", "dy", "dx", "w", "dw", "dw_partial")})
-    return Plan(v["slots"], int(g["cluster"]), v["flags"] + (PLAN_VECTOR if v["vector"] else 0), v["shared"],
-                v["partial_rows"], v["dw_width"], v["qx"], -(-v["columns"] // v["qx"]))
 
 
 BENCHMARK = ((32768, 256), (32768, 512), (32768, 1024), (32768, 2048), (32768, 4096), (32768, 8192),

@@ -18,8 +18,9 @@ from kernel_factory.problems import rmsnorm_bwd as mod
 P = mod.problem
 DEFAULT = P.space.defaults()
 # Genomes that between them take every gene value (each one feasible; checked below).
-SPREAD = [dict(), dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, vec_bytes=8),
-          dict(threads=256, rows_per_cta=8, ctas_per_sm=4, reg_vecs=1, prefetch=False, load="plain", dw_acc="smem"),
+SPREAD = [dict(), dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, vec_bytes=8, small_m="grouped"),
+          dict(threads=256, rows_per_cta=8, ctas_per_sm=4, reg_vecs=1, prefetch=False, load="plain", dw_acc="smem",
+               small_m="direct"),
           dict(threads=512, cluster=4, ctas_per_sm=1, reg_vecs=4, vec_bytes=8, load="nc_na", store="cs"),
           dict(threads=1024, cluster=8, ctas_per_sm=1, reg_vecs=1, dw_acc="smem", reduce="smem", prefetch=False),
           dict(threads=512, cluster=2, ctas_per_sm=1, reg_vecs=2, dw_acc="smem", prefetch=False),
@@ -60,7 +61,7 @@ def test_registered_with_the_public_matrix():
 
 def test_space_is_tens_of_thousands_and_every_value_is_reachable():
     feasible = list(P.space.enumerate())
-    assert 300 <= len(feasible) <= 100000, len(feasible)
+    assert 300 <= len(feasible) <= 300000, len(feasible)   # small_m (a launch plan, one kernel) made it ~2.7x
     for gene in P.space.genes:
         assert {g[gene.name] for g in feasible} == set(gene.choices), gene.name
     taken = {(k, genes(**kw)[k]) for kw in SPREAD for k in DEFAULT}
