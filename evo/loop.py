@@ -6,6 +6,7 @@ proposer, evaluator and observers).
         parents  <- tournament(population)
         children <- proposer(parents): new, feasible offspring; operators picked by credit, lessons applied,
                     surrogate screening                         (failures come back as statuses with fitness 0)
+        observers <- the children the problem's rule refused    (status infeasible; never evaluated or selected)
         population <- elite + tournament(population + evaluate(children))
         history, proposer, hall of fame, logbook, observers <- this generation
 """
@@ -78,6 +79,7 @@ class RunState:
         self.logbook = tools.Logbook()
         self.seen: dict[str, Individual] = {}
         self.new: list[Individual] = []
+        self.refused: set[str] = set()
 
     def evaluate(self, batch: list[Candidate], generation: int) -> list[Individual]:
         if self.search.max_evaluations is not None:
@@ -96,6 +98,17 @@ class RunState:
         for obs in self.observers:
             obs.on_results(generation, [(i.candidate, i.result) for i in self.new])
         return self.new
+
+    def report_refused(self, refused: Sequence[Candidate], generation: int) -> None:
+        """Observers see each child the rule refused once, with the rule's reason. A refusal is no evaluation:
+        it stays out of the hall of fame, the population, the history (the rule already is its lesson) and
+        the evaluation budget, so the search goes exactly as it would without it."""
+        fresh = [c for c in dict((c.id, c) for c in refused).values()
+                 if c.id not in self.seen and c.id not in self.refused]
+        self.refused.update(c.id for c in fresh)
+        if fresh:
+            for obs in self.observers:
+                obs.on_results(generation, [(c, operator_failure(c, "rule")) for c in fresh])
 
     def gpu_s(self) -> float:
         return sum(i.result.gpu_s for i in self.seen.values())
@@ -138,10 +151,11 @@ class RunState:
         return elite[:self.search.population]
 
 
-def operator_failure(c: Candidate) -> EvalResult:
-    """An operator already knows this child fails (e.g. an LLM edit that did not apply): never evaluated."""
+def operator_failure(c: Candidate, by: str = "operator") -> EvalResult:
+    """An operator (or the problem's rule) already knows this child fails, e.g. an LLM edit that did not apply:
+    never evaluated."""
     assert c.failure is not None
-    return EvalResult(c.id, Status(c.failure[0]), message=c.failure[1], evaluator="operator")
+    return EvalResult(c.id, Status(c.failure[0]), message=c.failure[1], evaluator=by)
 
 
 def case_champions(individuals: Sequence[Individual]) -> list[Candidate]:
@@ -184,6 +198,7 @@ def _generations(space: GeneSpace, proposer: Proposer, state: RunState, search: 
             parents = tools.selTournament(population, search.population, search.tournament_size)
         children = proposer.propose([p.candidate for p in parents], search.population, set(state.seen),
                                     generation, rng)
+        state.report_refused(proposer.refused, generation)
         if not children:
             stop = "space_exhausted"
             break

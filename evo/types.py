@@ -29,6 +29,7 @@ class Status(str, enum.Enum):
     REJECTED = "rejected"            # a code edit the static check refused (host code, includes, clocks, ...)
     LLM_ERROR = "llm_error"          # the model endpoint failed (timeout, errors after retries, budget spent)
     SUSPECT = "suspect"              # correct, but timed faster than the roofline allows even after a re-check
+    INFEASIBLE = "infeasible"        # a child the problem's rule refused before compiling (the rule's reason)
 
     @property
     def failed(self) -> bool:

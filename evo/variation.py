@@ -1,7 +1,8 @@
 """Making candidates: the first population, and each generation's children. Operators are picked by a policy
 (static config weights, or a bandit on credit from history), proposals that lessons forbid are dropped, and the
 surrogate screens the rest. Children are feasible and new: a duplicate of anything already evaluated never reaches
-the evaluator."""
+the evaluator. A child the problem's rule refuses is drawn again, and kept aside with the rule's reason (status
+infeasible), so that the run can show what its operators proposed and why it was not compiled."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,7 @@ from .config import SearchConfig
 from .history import History
 from .protocols import ContextOperator, MaybeUnavailable, Operator, OperatorContext, Problem, RepairOperator
 from .surrogate import Surrogate, screen
-from .types import Candidate, EvalResult, GeneSpace, Genome
+from .types import Candidate, EvalResult, GeneSpace, Genome, Status
 
 MAX_TRIES = 100  # attempts to breed one feasible, unseen, accepted child before giving up on that slot
 
@@ -57,8 +58,9 @@ def initial_population(space: GeneSpace, size: int, init_random: float, rng: ran
 
 def breed(parents: Sequence[Candidate], n_children: int, operators: Sequence[Operator],
           probabilities: Sequence[float], space: GeneSpace, rng: random.Random, seen: set[str], generation: int,
-          accept=lambda genes, rng: True) -> list[Candidate]:
-    """Up to n_children new candidates; each from one operator applied to randomly drawn parents."""
+          accept=lambda genes, rng: True, refused: list[Candidate] | None = None) -> list[Candidate]:
+    """Up to n_children new candidates; each from one operator applied to randomly drawn parents. Children the
+    rule refuses are appended to `refused` (once each), marked infeasible with the rule's reason."""
     children: list[Candidate] = []
     taken = set(seen)
     for _ in range(n_children):
@@ -66,7 +68,14 @@ def breed(parents: Sequence[Candidate], n_children: int, operators: Sequence[Ope
             op = rng.choices(operators, weights=probabilities)[0]
             chosen = [parents[rng.randrange(len(parents))] for _ in range(op.arity)]
             child = op.vary([c.genome for c in chosen], space, rng)
-            if child.id in taken or space.why_infeasible(child.gene_dict) is not None:
+            if child.id in taken:
+                continue
+            why = space.why_infeasible(child.gene_dict)
+            if why is not None:
+                if refused is not None:
+                    taken.add(child.id)   # drawn again later, it is neither a child nor a second refusal
+                    refused.append(infeasible(Candidate(child, tuple(dict.fromkeys(c.id for c in chosen)), op.name,
+                                                        generation), why))
                 continue
             if not accept(child.gene_dict, rng):
                 continue
@@ -74,6 +83,12 @@ def breed(parents: Sequence[Candidate], n_children: int, operators: Sequence[Ope
             children.append(Candidate(child, tuple(dict.fromkeys(c.id for c in chosen)), op.name, generation))
             break
     return children
+
+
+def infeasible(child: Candidate, why: str) -> Candidate:
+    """The child marked with the rule's refusal: recorded with that status and never compiled."""
+    return Candidate(child.genome, child.parents, child.operator, child.generation, child.notes,
+                     (Status.INFEASIBLE.value, f"refused by the problem's rule before compiling: {why}"))
 
 
 class Proposer:
@@ -104,6 +119,7 @@ class Proposer:
         self.last: list[tuple[Candidate, EvalResult]] = []
         self.lessons_md = ""
         self.shared: dict = {}
+        self.refused: list[Candidate] = []   # the last propose()'s children that the rule refused
 
     def update(self, history: History, new: Sequence[tuple[Candidate, EvalResult]] = ()) -> None:
         self.results.update((c.id, (c, r)) for c, r in new)
@@ -128,6 +144,7 @@ class Proposer:
     def propose(self, parents: Sequence[Candidate], n: int, seen: set[str], generation: int,
                 rng: random.Random) -> list[Candidate]:
         self._attach(generation)
+        self.refused = []   # rebound, not cleared: a steady-state slot's copy of the proposer keeps its own
         # An operator-known failure holds text that is not code (e.g. an edit that did not apply): never a parent.
         parents = [p for p in parents if p.failure is None]
         made = self._repairs(n, seen, generation, rng)
@@ -141,7 +158,7 @@ class Proposer:
         wanted = int(rest * s.oversample) if s.enabled and self.surrogate_ready else rest
         probs = [self.probabilities[op.name] for op in ops]
         children = breed(parents, wanted, ops, probs, self.space, rng, seen | {c.id for c in made}, generation,
-                         self.accept)
+                         self.accept, self.refused)
         if wanted > rest:
             children = screen(children, rest, self.surrogate, s.explore, rng)
         return made + children
@@ -193,7 +210,12 @@ class Proposer:
               generation: int) -> list[Candidate]:
         child = Candidate(made.genome, tuple(dict.fromkeys(c.id for c in chosen)), op.name, generation, made.notes,
                           made.failure)
-        if child.id in taken or self.space.why_infeasible(child.genome.gene_dict) is not None:
+        if child.id in taken:
+            return []
+        why = self.space.why_infeasible(child.genome.gene_dict)
+        if why is not None:
+            if child.failure is None and all(r.id != child.id for r in self.refused):
+                self.refused.append(infeasible(child, why))
             return []
         return [child]
 

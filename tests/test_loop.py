@@ -24,8 +24,8 @@ def test_replay_run_improves_and_records_everything(replay_config):
     summary, cfg = run(replay_config)
     assert summary.stop_reason == "generations" and summary.generations == 4
     records = journal_of(cfg, summary)
-    results = [r for r in records if r["event"] == "result"]
-    assert len(results) == summary.evaluations
+    results = [r for r in records if r["event"] == "result" and r["result"]["evaluator"] != "rule"]
+    assert len(results) == summary.evaluations     # (the rule's refusals are journalled, but are no evaluations)
     ids = [r["candidate"]["id"] for r in results]
     assert len(ids) == len(set(ids)), "a genome must never be evaluated twice"
     assert records[0]["event"] == "start" and records[0]["evaluator"]["kind"] == "replay"
@@ -177,3 +177,17 @@ def test_seeds_from_an_older_table_take_new_genes_at_their_defaults(tmp_path, sy
     assert len(seeds) == len(table["genomes"]) and all(g.gene_dict["cluster"] == 1 for g in seeds)
     narrow = problem.space.restricted({"cluster": (2, 4)})   # a run narrowed away from them gets none
     assert run_mod.table_seeds(str(table_path), problem, narrow) == []
+
+
+def test_children_the_rule_refuses_are_shown_with_its_reason_and_never_evaluated(replay_config, rmsnorm):
+    summary, cfg = run(replay_config, "search.generations=8")
+    results = [r for r in journal_of(cfg, summary) if r["event"] == "result"]
+    refused = [r for r in results if r["result"]["status"] == Status.INFEASIBLE.value]
+    assert refused, "the operators propose some children that the rule refuses"
+    assert len(results) - len(refused) == summary.evaluations
+    for r in refused:
+        why = rmsnorm.space.why_infeasible(r["candidate"]["genome"]["genes"])
+        assert why and r["result"]["message"] == f"refused by the problem's rule before compiling: {why}"
+        assert r["result"]["evaluator"] == "rule" and r["candidate"]["parents"] and r["generation"] > 0
+    ids = [r["candidate"]["id"] for r in results]
+    assert len(ids) == len(set(ids)), "each refusal is shown once, and never as a child too"

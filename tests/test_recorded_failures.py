@@ -1,11 +1,15 @@
-"""Recordings that hold failures outside the problem's rule (record --cpu-failures): the format keeps their status,
-log and rule reason; replay answers them as recorded and lets its search propose them, unless told not to."""
+"""Recordings that hold failures outside the problem's rule (record --cpu-failures, record --outside-rule on a GPU):
+the format keeps their status, log and rule reason; replay answers them as recorded and lets its search propose
+them, unless told not to."""
 from __future__ import annotations
 
 import dataclasses
 
+from kernel_factory.evo import build, config
 from kernel_factory.evo.evaluate import recording
 from kernel_factory.evo.evaluate.replay import ReplayEvaluator
+from kernel_factory.evo.protocols import EvaluatorInfo
+from kernel_factory.evo.tools import record_gpu
 from kernel_factory.evo.tools.record_cpu import rejected
 from kernel_factory.evo.types import BuildInfo, Candidate, EvalResult, Status
 
@@ -39,3 +43,45 @@ def test_outside_rule_failures_round_trip_and_replay_answers_them(tmp_path, rmsn
     strict = ReplayEvaluator(rmsnorm, bench_cases, "torch_eager", 0, str(tmp_path), recording=str(path),
                              recorded_failures=False)
     assert strict.space.why_infeasible(genome.gene_dict) == why
+
+
+class FakeGpu:
+    """Stands in for the GPU evaluator: a launch refuses static shared memory over 48 KiB, spilling kernels pass."""
+
+    info = EvaluatorInfo("gpu", "fake H200", {"gpu": "fake H200"})
+
+    def __init__(self, space):
+        self.space, self.seen = space, []
+
+    def evaluate(self, candidates):
+        self.seen += [c.id for c in candidates]
+        return [EvalResult(c.id, Status.CRASHED, message="cudaErrorInvalidValue: too much shared memory")
+                if "shared memory" in (self.space.rule(c.genome.gene_dict) or "") else
+                EvalResult(c.id, Status.OK, 1.0) for c in candidates]
+
+    def close(self):
+        pass
+
+
+def test_outside_rule_on_gpu_keeps_the_failures_and_lists_the_passes(tmp_path, monkeypatch, rmsnorm,
+                                                                      synthetic_recording):
+    rec = recording.read(synthetic_recording)
+    small = {"threads": [1024], "rows_per_cta": [1], "vec_bytes": [16], "load": ["plain", "cp_async"],
+             "store": ["plain"], "keep_x": [False, True], "reduce": ["shfl"], "rsqrt": ["approx"], "unroll": [2, 4]}
+    path = recording.write(dataclasses.replace(rec, header={**rec.header, "space": small}), tmp_path / "small.jsonl.gz")
+    fake = FakeGpu(rmsnorm.space)
+    monkeypatch.setattr(build, "evaluator_kind", lambda cfg: ("gpu", ""))
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: fake)
+    cfg = config.parse({"problem": "rmsnorm_fwd", "dtypes": ["bfloat16"], "shapes": "benchmark",
+                        "out_dir": str(tmp_path / "runs")})
+    written, measured, added = record_gpu.add_gpu_failures(cfg, path, tmp_path / "out.jsonl.gz")
+
+    space = rmsnorm.space.restricted(recording.covered_choices({"space": small}, rmsnorm.space))
+    refused = {g.id: why for g, why in rejected(space)}
+    assert measured == len(refused) == len(fake.seen) and 0 < added < measured   # both kinds are in the sample
+    again = recording.read(written)
+    smem = {gid for gid, why in refused.items() if "shared memory" in why}
+    assert set(again.outside_rule) == smem and all(again.outside_rule[g] == refused[g] for g in smem)
+    assert all(again.entries[g][1].status is Status.CRASHED for g in smem)
+    note = again.header["gpu_outside_rule"]
+    assert note["failures"] == added and sorted(note["passed"]) == sorted(set(refused) - smem)

@@ -158,3 +158,20 @@ def test_a_parent_shows_its_description_lineage_and_candidates(ui, page):
     assert re.search(r"\w+: \S+ -> \S+", body), "no gene diff in the candidate table"
     assert "fitness_change" in body and "speedup bfloat16:32768x256" in body
     page.screenshot(path=str(SHOTS / "ui-candidates.png"))
+
+
+def test_a_parent_says_what_failed_and_why(ui, page):
+    """A replayed quickstart's failures are the children its rule refused: counted in the description, each with
+    the rule's reason in failures.md."""
+    link, _ = ui
+    page.goto(link)
+    settle(page, NAME)
+    page.get_by_role("link", name=re.compile(r"^s0 cold")).first.click()
+    settle(page, "Description")
+    close_assistant(page)
+    assert re.search(r"Failures: \d+ infeasible", page.inner_text("body"))
+    page.goto(f"{page.url.split('?')[0]}/artifacts/failures.md")
+    settle(page, "refused by the problem's rule before compiling")
+    body = page.inner_text("body")
+    assert re.search(r"infeasible \(gen \d+, \w+\)", body) and re.search(r"exceeds? (the )?\d+", body)
+    page.screenshot(path=str(SHOTS / "ui-failures.png"))

@@ -56,7 +56,7 @@ class ConsoleObserver:
                         "named above and is replayed from the recording")
 
     def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
-        self.done += len(results)
+        self.done += sum(r.evaluator != "rule" for _, r in results)   # the rule's refusals are no evaluations
         line = progress(self.done, self.total_evals or self.done, self.clock() - self.started)
         if self.tty:
             print("\r" + line, end="", file=self.progress_stream, flush=True)

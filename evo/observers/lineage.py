@@ -29,7 +29,7 @@ from ..types import Candidate, EvalResult, GeneValue
 EXTERNAL = "external"   # the status of a parent that this run did not evaluate (e.g. a seed from an earlier run)
 FAILURE_COLOURS = {"compile_error": "#d62728", "incorrect": "#ff7f0e", "crashed": "#9467bd",
                    "timeout": "#8c564b", "not_recorded": "#9e9e9e",
-                   "suspect": "#e377c2"}
+                   "suspect": "#e377c2", "infeasible": "#17becf"}
 SHORT_OPERATOR = {"gene_mutation": "mut", "uniform_crossover": "xover", "ptx_mutation": "ptx"}
 # Greens without its near-white end, so that the weakest correct kernel still reads as a filled node.
 FITNESS_CMAP = LinearSegmentedColormap.from_list("kf_fitness", matplotlib.colormaps["Greens"](np.linspace(.3, 1, 64)))

@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--cpu-failures", metavar="RECORDING",
                      help="no GPU: add to RECORDING the genomes outside the problem's rule that fail to compile "
                           "(NVRTC on the CPU), with their logs; written to --out (default: RECORDING itself)")
+    rec.add_argument("--outside-rule", metavar="RECORDING",
+                     help="on a GPU: evaluate the genomes of RECORDING's space that the problem's rule rejects and "
+                          "add those that fail, with the gate's status and log; written to --out (default: "
+                          "RECORDING itself)")
     sub.add_parser("problems", help="list the installed problem plugins")
     chk = sub.add_parser("check", help="check a problem plugin without a GPU: contract, CPU reference and inputs, "
                                        "NVRTC compiles of its genomes with ptxas resources")
@@ -200,6 +204,12 @@ def cmd_record(args: argparse.Namespace) -> int:
                              args.out or args.cpu_failures, Path(cfg.out_dir) / "cache")
         except ValueError as exc:
             raise ConfigError(f"--cpu-failures: {exc}") from exc
+        return 0
+    if args.outside_rule:
+        from .record_gpu import add_gpu_failures
+        if not Path(args.outside_rule).is_file():
+            raise ConfigError(f"--outside-rule: no recording at {args.outside_rule!r}")
+        add_gpu_failures(cfg, args.outside_rule, args.out or args.outside_rule)
         return 0
     dtypes = "-".join(cfg.dtypes or ("default",))
     out = Path(args.out or f"{cfg.out_dir}/recordings/{cfg.problem}-{dtypes}.jsonl.gz")
