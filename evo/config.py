@@ -143,6 +143,7 @@ class WorkloadConfig:
     # Bucket by dtype too (a search per dtype and class), or search each class on all its dtypes' shapes at once
     # (genes are dtype-free; the panel and the rule stay per dtype): a third of the searches.
     bucket_by_dtype: bool = True
+    validate: bool = True                     # end with the held-out bench (on a GPU; `kernel-factory heldout` later)
     buckets: tuple[str, ...] = ()             # only these buckets (empty: every bucket the training set fills)
 
 

@@ -234,8 +234,12 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
         table = learn_table(cfg.problem, panels, cfg.workload.rule_depth, campaign)
         dispatch.build(problem, table, folder / "kernels" / dispatch.CUBIN_FOLDER)
         (folder / "kernels" / TABLE).write_text(dispatch.dumps(table))
-        from .heldout import validate   # the held-out bench needs a GPU; it says so and how to run it elsewhere
-        validate(cfg, folder, p)
+        if cfg.workload.validate:
+            from .heldout import validate   # the held-out bench needs a GPU; it says so and how to run it elsewhere
+            validate(cfg, folder, p)
+        else:
+            print(f"workload: held-out bench skipped (workload.validate is false); `kernel-factory heldout {folder}` "
+                  f"runs it", file=sys.stderr)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"

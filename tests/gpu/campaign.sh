@@ -5,8 +5,13 @@
 #   numbers  (carry .whl .whl-baselines): the evaluator's repeat-timing test; torch.compile re-measured per shape
 #            for forward fp16/fp32 and backward bf16/fp16; the live throughput of the quickstart, today's inline
 #            worker against the worker pool
-#   workload (carry .whl .whl-baselines .int21): the forward workload campaign (configs/rmsnorm_fwd_workload.yaml):
-#            bucket searches, the panel, the learned dispatch, and the held-out bench against INT21, Liger, torch
+#   workload (carry .whl .whl-baselines): the GPU test of the forward's tail genomes; the forward workload campaign
+#            (configs/rmsnorm_fwd_workload.yaml): bucket searches, the panels, the learned dispatch (the held-out bench
+#            is the next call's, to fit the 10-minute limit)
+#   heldout  (carry .whl .whl-baselines .int21): the op's GPU tests with the learned table and the backward's
+#            small-M GPU tests; the quickstart's rule-refused genomes on the GPU (tests/gpu/record_failures.sh);
+#            the held-out bench of the committed campaign (docs/results/workload/h200-fwd-workload) against INT21,
+#            QuACK, Liger and torch
 set -uo pipefail
 stage="${1:?usage: campaign.sh numbers|workload}"
 export PYTHONUNBUFFERED=1
@@ -30,14 +35,29 @@ numbers)
     --out "$RES/scaling" 2>&1 | tail -n 6
   ;;
 workload)
-  export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
-  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension(); print('built')" \
-     > /tmp/int21_build.log 2>&1 &)
-  timeout 560 kernel-factory run configs/rmsnorm_fwd_workload.yaml -o out_dir=/tmp/runs \
-    --run-id h200-fwd-workload 2>&1 | tee "$RES/workload.log" | grep -v "^gen " | tail -n 30
-  cp -r /tmp/runs/h200-fwd-workload "$RES/" 2>/dev/null
+  timeout 90 python3 -m pytest -q -m gpu --gpu -p no:cacheprovider tests/gpu/test_rmsnorm_fwd_tail_gpu.py 2>&1 \
+    | tee "$RES/fwd-tail-gpu-tests.log" | tail -n 3
+  pack >/dev/null
+  timeout 420 kernel-factory run configs/rmsnorm_fwd_workload.yaml -o out_dir=/tmp/runs -o workload.validate=false \
+    --run-id h200-fwd-workload 2>&1 | tee "$RES/workload.log" | tail -n 12
+  cp -r /tmp/runs/h200-fwd-workload "$RES/campaign"
+  rm -rf "$RES/campaign/kernels/cubins" "$RES/campaign/kernels/sources"
   for j in /tmp/runs/h200-fwd-workload.*/journal.jsonl; do
     d="$RES/journals/$(basename "$(dirname "$j")")"; mkdir -p "$d"; gzip -c "$j" > "$d/journal.jsonl.gz"
   done
+  ;;
+heldout)
+  export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
+  (cd .int21 && setsid nohup python3 -c "import rmsnorm; rmsnorm._extension.get_extension(); print('built')" \
+     > /tmp/int21_build.log 2>&1 &)
+  timeout 100 python3 -m pytest -q -m gpu --gpu -p no:cacheprovider tests/gpu/test_rmsnorm_op_gpu.py \
+    tests/gpu/test_rmsnorm_bwd_small_gpu.py 2>&1 | tee "$RES/op-and-bwd-small-gpu-tests.log" | tail -n 4
+  pack >/dev/null
+  OUT_SAVED="$OUT"; OUT="$RES/record-failures" timeout 170 bash tests/gpu/record_failures.sh > "$RES/record-failures.log" 2>&1
+  OUT="$OUT_SAVED"; tail -n 5 "$RES/record-failures.log"; pack >/dev/null
+  for _ in $(seq 120); do grep -q "^built" /tmp/int21_build.log 2>/dev/null && break; sleep 1; done
+  cp -r docs/results/workload/h200-fwd-workload /tmp/campaign
+  timeout 300 kernel-factory heldout /tmp/campaign 2>&1 | tee "$RES/heldout.log" | tail -n 6
+  cp /tmp/campaign/heldout* "$RES/" 2>/dev/null
   ;;
 esac
