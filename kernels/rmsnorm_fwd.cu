@@ -9,6 +9,11 @@
 // warp-per-row). Each thread walks its row in VEC_BYTES-wide vectors, strided by TPR. The first REG_VECS vectors of
 // each thread stay in registers between the two passes (KEEP_X); the rest is re-read for the second pass.
 // Rows whose length or alignment rules out vector access take a scalar path, so any (M, N) is correct.
+// TAIL_PEEL narrows that to x and y rows of different alignment: any other row is a scalar head (up to x's first
+// VEC_BYTES-aligned address), a body of whole vectors on the paths below, and a scalar tail; the head and tail are
+// summed before the row reduction and stored after it. Every path supports it: the staged one (a persistent CTA
+// prefetches the next row only when N % VEC == 0, since otherwise its head differs) and clusters (the body's
+// vectors are split; the head belongs to rank 0, the tail to the last rank).
 //
 // Wide rows (genes whose defaults leave the kernel above unchanged):
 // - STAGE_SMEM: the part of the row that is not kept in registers is copied once into dynamic shared memory during
@@ -125,11 +130,16 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
 #endif
   const elem_t* xr = x + (size_t)(active ? row : 0) * N + lo;
   elem_t* yr = y + (size_t)(active ? row : 0) * N + lo;
-  const float* const w = weight + lo;
+  const float* w = weight + lo;               // (tail=peel moves xr, yr and w to the row's vector body)
 
+#if TAIL == TAIL_PEEL
+  // Same row stride, so x and y rows share their alignment in every row exactly when the bases do.
+  const bool vector_ok = ((unsigned long long)x - (unsigned long long)y) % VEC_BYTES == 0;
+#else
   const bool vector_ok = (N % VEC == 0) &&
                          (((unsigned long long)x | (unsigned long long)y) % VEC_BYTES == 0) &&
                          ((unsigned long long)weight % (VEC % 4 == 0 ? 16 : 8) == 0);
+#endif
   if (!vector_ok) {
     // Scalar path: any N, any alignment.
     float ss = 0.f;
@@ -143,7 +153,32 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
     KF_ROW_DONE;
   }
 
+#if TAIL == TAIL_PEEL
+  // The row's head (aligning x) and its body of whole vectors; a cluster splits the body's vectors like the slices
+  // above, and the head goes to rank 0, the tail to the last rank. Inactive rows have neither body nor edges.
+  const elem_t* const xrow = x + (size_t)(active ? row : 0) * N;
+  elem_t* const yrow = y + (size_t)(active ? row : 0) * N;
+  const int head = active ? min(N, head_elems(xrow)) : 0;
+  const int body = active ? (N - head) / VEC : 0;
+  const int per = (body + CLUSTER - 1) / CLUSTER;      // body vectors per CTA of the cluster
+  const int b0 = min(body, rank * per);
+  const int nv = min(body, b0 + per) - b0;             // vectors in this CTA's part of the body
+  const int tail_at = head + body * VEC;
+  const edges_t edges = load_edges(xrow, rank == 0 ? head : 0, tail_at,
+                                   active && rank == CLUSTER - 1 ? N - tail_at : 0, lane);
+  const float edge_ss = edges_sum_squares(edges);
+  const int body_at = head + b0 * VEC;                 // this CTA's first body element: its x address is aligned
+  xr = xrow + body_at;
+  yr = yrow + body_at;
+  w = weight + body_at;
+  const bool w_vec = weight_vec_ok(w);                 // per row when N % VEC != 0: the head moves w
+#define KF_STORE_EDGES store_edges(edges, weight, yrow, rstd, lane)
+#else
   const int nv = active ? (hi - lo) / VEC : 0;        // vectors in this row (in this CTA's slice of it)
+  constexpr bool w_vec = true;                        // vector_ok checked w's alignment
+  constexpr float edge_ss = 0.f;                      // no scalar head or tail beside the vectors
+#define KF_STORE_EDGES (void)0
+#endif
 #if STAGE == STAGE_SMEM
   if (staged) {
   // ---- KF-EDIT-BEGIN staged_row -----------------------------------------------------------------------------------
@@ -151,7 +186,11 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
     // thread owns vectors lane + k*TPR, as on the unstaged path. The launch sized stage_buf for this layout.
     constexpr int REG = REG_VECS * TPR;
     vec_t* const sv = reinterpret_cast<vec_t*>(stage_buf) + grp * max(0, slice / VEC - REG);
-#if PERSISTENT
+#if PERSISTENT && TAIL == TAIL_PEEL
+    // Rows start at the same alignment (the same head) only when N % VEC == 0; otherwise nothing is prefetched.
+    const bool fetch_next = row + row_step < M && N % VEC == 0;
+    const elem_t* const xn = fetch_next ? xr + (size_t)row_step * N : xr;
+#elif PERSISTENT
     const bool fetch_next = row + row_step < M;      // same N and alignment: the next row takes this path too
     const elem_t* const xn = x + (size_t)(fetch_next ? row + row_step : 0) * N + lo;
 #else
@@ -186,7 +225,7 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
       for (int k = 0; k < REG_VECS; ++k)
         if (lane + k * TPR < nv) skept[k] = load_vec(xr + (size_t)(lane + k * TPR) * VEC);
     }
-    float ss = 0.f;
+    float ss = edge_ss;
 #pragma unroll
     for (int k = 0; k < REG_VECS; ++k)
       if (lane + k * TPR < nv) ss += sum_squares(skept[k]);
@@ -204,18 +243,19 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
     const float rstd = inv_rms(cluster_sum(row_sum(ss, rbuf, lane, grp), cluster_part, rank), N, eps);
     if (active) {
       if (lane == 0 && rank == 0 && rstd_out) rstd_out[row] = rstd;
+      KF_STORE_EDGES;
       // Each vector is refilled with the next row's only after its value was stored: no read is overtaken.
 #pragma unroll
       for (int k = 0; k < REG_VECS; ++k) {
         const int v = lane + k * TPR;
         if (v < nv) {
-          normalize_store(skept[k], w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd);
+          normalize_store(skept[k], w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd, w_vec);
           if (fetch_next) skept[k] = load_vec(xn + (size_t)v * VEC);
         }
       }
 #pragma unroll UNROLL
       for (int v = REG + lane; v < nv; v += TPR) {
-        normalize_store(load_staged(&sv[v - REG]), w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd);
+        normalize_store(load_staged(&sv[v - REG]), w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd, w_vec);
 #if STAGE_COPY == STAGE_COPY_CP_ASYNC
         if (fetch_next) cp_async_vec(&sv[v - REG], xn + (size_t)v * VEC);
 #endif
@@ -229,7 +269,7 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
     KF_ROW_DONE;
   }
 #endif
-  float ss = 0.f;
+  float ss = edge_ss;
   vec_t kept[REG_VECS > 0 ? REG_VECS : 1];    // compile-time indices only, so it stays in registers
 
   // ---- KF-EDIT-BEGIN first_pass --------------------------------------------------------------------------------
@@ -287,12 +327,13 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
   const float rstd = inv_rms(cluster_sum(row_sum(ss, rbuf, lane, grp), cluster_part, rank), N, eps);
   if (!active) KF_ROW_DONE;
   if (lane == 0 && rank == 0 && rstd_out) rstd_out[row] = rstd;
+  KF_STORE_EDGES;
 
   // ---- KF-EDIT-BEGIN second_pass -------------------------------------------------------------------------------
 #pragma unroll
   for (int k = 0; k < REG_VECS; ++k) {
     const int v = lane + k * TPR;
-    if (v < nv) normalize_store(kept[k], w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd);
+    if (v < nv) normalize_store(kept[k], w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd, w_vec);
   }
   for (int k0 = REG_VECS; lane + k0 * TPR < nv; k0 += UNROLL) {
     vec_t buf[UNROLL];
@@ -304,10 +345,11 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int v = lane + (k0 + u) * TPR;
-      if (v < nv) normalize_store(buf[u], w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd);
+      if (v < nv) normalize_store(buf[u], w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd, w_vec);
     }
   }
   // ---- KF-EDIT-END second_pass ---------------------------------------------------------------------------------
   }
 #undef KF_ROW_DONE
+#undef KF_STORE_EDGES
 }

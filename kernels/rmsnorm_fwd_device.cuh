@@ -153,14 +153,61 @@ __device__ __forceinline__ void load_weight(const float* w, float (&f)[VEC]) {
   }
 }
 
-__device__ __forceinline__ void normalize_store(const vec_t& xv, const float* w, elem_t* y, float rstd) {
+// w_vec: whether w is aligned for load_weight's vector loads. Always true with tail=scalar (a constant, folded away);
+// with tail=peel a row's head shifts w by 0..VEC-1 elements, and a misaligned w is read a float at a time (w is
+// shared by all rows, so it is served from L1/L2 either way).
+__device__ __forceinline__ void normalize_store(const vec_t& xv, const float* w, elem_t* y, float rstd, bool w_vec) {
   float f[VEC], wf[VEC];
   unpack(xv, f);
-  load_weight(w, wf);
+  if (w_vec) {
+    load_weight(w, wf);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) wf[i] = __ldg(w + i);
+  }
 #pragma unroll
   for (int i = 0; i < VEC; ++i) f[i] = f[i] * rstd * wf[i];
   store_vec(y, pack(f));
 }
+// The call of editable regions written before tail=peel (their patches still compile): w is vector-aligned there.
+__device__ __forceinline__ void normalize_store(const vec_t& xv, const float* w, elem_t* y, float rstd) {
+  normalize_store(xv, w, y, rstd, true);
+}
+
+#if TAIL == TAIL_PEEL
+// ---- tail=peel: a row as a scalar head, a vector body and a scalar tail -------------------------------------------
+// Elements before the first VEC_BYTES-aligned address at or after p (p is element-aligned).
+__device__ __forceinline__ int head_elems(const elem_t* p) {
+  const unsigned int off = (unsigned int)((unsigned long long)p % VEC_BYTES);
+  return (int)((VEC_BYTES - off) % VEC_BYTES / sizeof(elem_t));
+}
+
+__device__ __forceinline__ bool weight_vec_ok(const float* w) {
+  return (unsigned long long)w % (VEC % 4 == 0 ? 16 : 8) == 0;
+}
+
+// One thread's share of a row's peeled elements: head element `lane` and tail element `lane` (head and tail are
+// shorter than a vector, so never longer than a row's TPR threads). Their x stays in registers across the reduction.
+struct edges_t {
+  int head, tail_at, tail;   // head elements [0, head) and tail elements [tail_at, tail_at + tail) of the row
+  float hx, tx;              // this thread's head and tail element of x (0 where it has none)
+};
+
+__device__ __forceinline__ edges_t load_edges(const elem_t* xrow, int head, int tail_at, int tail, int lane) {
+  edges_t e{head, tail_at, tail, 0.f, 0.f};
+  if (lane < head) e.hx = to_float(xrow[lane]);
+  if (lane < tail) e.tx = to_float(xrow[tail_at + lane]);
+  return e;
+}
+
+__device__ __forceinline__ float edges_sum_squares(const edges_t& e) { return fmaf(e.hx, e.hx, e.tx * e.tx); }
+
+// The same arithmetic as the scalar path, so a row's edges round exactly as they would there.
+__device__ __forceinline__ void store_edges(const edges_t& e, const float* wrow, elem_t* yrow, float rstd, int lane) {
+  if (lane < e.head) yrow[lane] = (elem_t)(e.hx * rstd * __ldg(wrow + lane));
+  if (lane < e.tail) yrow[e.tail_at + lane] = (elem_t)(e.tx * rstd * __ldg(wrow + e.tail_at + lane));
+}
+#endif
 
 __device__ __forceinline__ unsigned int smem_addr(const void* p) {
   return (unsigned int)__cvta_generic_to_shared(p);

@@ -79,3 +79,9 @@
 #ifndef PERSISTENT
 #define PERSISTENT 0
 #endif
+// tail (structure)
+#define TAIL_SCALAR 0
+#define TAIL_PEEL 1
+#ifndef TAIL
+#define TAIL TAIL_SCALAR
+#endif

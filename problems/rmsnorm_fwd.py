@@ -93,6 +93,9 @@ SPACE = GeneSpace(
         Gene("cluster", (1, 2, 4, 8, 16), 1,
              doc="CTAs of a thread-block cluster that share one row (sums via DSMEM; 16 is non-portable)"),
         Gene("persistent", (False, True), False, doc="one wave of CTAs loops over the rows (staged: prefetch)"),
+        Gene("tail", ("scalar", "peel"), "scalar",
+             doc="a row of N not a multiple of the vector, or not vector-aligned: all scalar | vectors, with a scalar "
+                 "head up to the first aligned address and a scalar tail (every path: staged, cluster, persistent)"),
     ),
     rule=_rule,
 )
@@ -106,9 +109,10 @@ def kept_vectors(g: Mapping[str, GeneValue]) -> int:
 
 def staged_bytes(g: Mapping[str, GeneValue], n: int, dtype: str) -> int | None:
     """Dynamic shared memory for the staged path (the template's stage_buf: rows_per_cta slices, each less its
-    register part), or None where rows of width n take the scalar path (n not a multiple of the vector)."""
+    register part), or None where rows of width n take the scalar path (n not a multiple of the vector, tail=scalar).
+    With tail=peel a row's vector body is at most floor(n / vec) vectors, whatever its head: sized for that."""
     vec = int(g["vec_bytes"]) // DTYPE_BYTES[dtype]
-    if n % vec:
+    if n % vec and g["tail"] != "peel":
         return None
     slice_vecs = -(-(n // vec) // int(g["cluster"]))
     return int(g["rows_per_cta"]) * max(0, slice_vecs - kept_vectors(g)) * int(g["vec_bytes"])
@@ -130,7 +134,9 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
     fixed = static_smem(g) + SMEM_SLACK
     if g["stage"] == "smem":
         need = ["mul", rows, ["max", 0, ["sub", ["cdiv", ["div", "N", vec], cluster], kept_vectors(g)]], vec_bytes]
-        fits = ["and", ["eq", ["mod", "N", vec], 0], ["le", ["add", fixed, "need"], MAX_SMEM_PER_CTA]]
+        fits: Any = ["le", ["add", fixed, "need"], MAX_SMEM_PER_CTA]
+        if g["tail"] != "peel":   # tail=scalar normalizes rows of N not a multiple of the vector on the scalar path
+            fits = ["and", ["eq", ["mod", "N", vec], 0], fits]
         let = [["need", need], ["staged", ["if", fits, 1, 0]], ["dynamic", ["if", "staged", "need", 0]]]
     else:
         let = [["staged", 0], ["dynamic", 0]]

@@ -17,7 +17,7 @@ NEW_GENES = ("stage", "stage_copy", "cluster", "persistent")
 SMEM_OPT_IN = 232448          # sm_90: 227 KB of shared memory per CTA, static + dynamic
 SHAPES = tuple(s for name in ("benchmark", "correctness", "heldout") for s in rf.problem.shape_sets[name])
 # Genes that change the launch geometry; the others only change the code.
-GEOMETRY = ("threads", "rows_per_cta", "vec_bytes", "load", "keep_x", "reduce", "unroll") + NEW_GENES
+GEOMETRY = ("threads", "rows_per_cta", "vec_bytes", "load", "keep_x", "reduce", "unroll", "tail") + NEW_GENES
 
 
 def genome(**genes) -> dict:
@@ -63,9 +63,9 @@ def test_defaults_of_the_new_genes_keep_the_old_space():
     space = rf.problem.space
     assert {space[n].default for n in NEW_GENES} == {"none", "cp_async", 1, False}
     feasible = list(space.enumerate())
-    old = [g for g in feasible if all(g[n] == space[n].default for n in NEW_GENES)]
+    old = [g for g in feasible if all(g[n] == space[n].default for n in NEW_GENES + ("tail",))]
     assert len(old) == 4272, "the genomes of the space before the wide genes must all stay feasible, and only they"
-    assert len(old) < len(feasible) < 40000
+    assert len(old) < len(feasible) < 2 * 40000   # tail (tests/test_rmsnorm_fwd_tail.py) doubles the space
 
 
 @pytest.mark.parametrize("genes, fragment", [
@@ -82,12 +82,13 @@ def test_rule_forbids_meaningless_combinations(genes, fragment):
 
 def expected_stage_bytes(g: dict, n: int, dtype: str) -> int | None:
     """From first principles: the CTA's slice of a row (whole vectors, split over the cluster) less the part that
-    its threads keep in registers (128 bytes each), for each row it holds."""
+    its threads keep in registers (128 bytes each), for each row it holds. tail=peel stages the row's body of
+    whole vectors, floor(n / vector) of them at most; tail=scalar stages nothing of a row with a partial vector."""
     vec_bytes = g["vec_bytes"]
     elems = vec_bytes // rf.DTYPE_BYTES[dtype]
-    if n % elems:
+    if n % elems and g["tail"] != "peel":
         return None
-    slice_bytes = -(-n // elems // g["cluster"]) * vec_bytes
+    slice_bytes = -(-(n // elems) // g["cluster"]) * vec_bytes
     kept = 128 * (g["threads"] // g["rows_per_cta"]) if g["keep_x"] else 0
     return g["rows_per_cta"] * max(0, slice_bytes - kept)
 
