@@ -53,11 +53,15 @@ heldout)
   timeout 100 python3 -m pytest -q -m gpu --gpu -p no:cacheprovider tests/gpu/test_rmsnorm_op_gpu.py \
     tests/gpu/test_rmsnorm_bwd_small_gpu.py 2>&1 | tee "$RES/op-and-bwd-small-gpu-tests.log" | tail -n 4
   pack >/dev/null
-  OUT_SAVED="$OUT"; OUT="$RES/record-failures" timeout 170 bash tests/gpu/record_failures.sh > "$RES/record-failures.log" 2>&1
-  OUT="$OUT_SAVED"; tail -n 5 "$RES/record-failures.log"; pack >/dev/null
-  for _ in $(seq 120); do grep -q "^built" /tmp/int21_build.log 2>/dev/null && break; sleep 1; done
+  for _ in $(seq 150); do grep -q "^built" /tmp/int21_build.log 2>/dev/null && break; sleep 1; done
+  tail -n 1 /tmp/int21_build.log
   cp -r docs/results/workload/h200-fwd-workload /tmp/campaign
-  timeout 300 kernel-factory heldout /tmp/campaign 2>&1 | tee "$RES/heldout.log" | tail -n 6
-  cp /tmp/campaign/heldout* "$RES/" 2>/dev/null
+  timeout 270 kernel-factory heldout /tmp/campaign 2>&1 | tee "$RES/heldout.log" | tail -n 5
+  cp /tmp/campaign/heldout* "$RES/" 2>/dev/null; pack >/dev/null
+  timeout 60 kernel-factory bench --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes bfloat16 \
+    --baselines int21,quack,liger,torch_eager --reps 20 --out "$RES/bench" --stem fwd-bf16-learned 2>&1 | tail -n 3
+  pack >/dev/null
+  OUT_SAVED="$OUT"; OUT="$RES/record-failures" timeout 100 bash tests/gpu/record_failures.sh \
+    > "$RES/record-failures.log" 2>&1; OUT="$OUT_SAVED"; tail -n 4 "$RES/record-failures.log"
   ;;
 esac
