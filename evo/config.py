@@ -144,6 +144,11 @@ class WorkloadConfig:
     # (genes are dtype-free; the panel and the rule stay per dtype): a third of the searches.
     bucket_by_dtype: bool = True
     validate: bool = True                     # end with the held-out bench (on a GPU; `kernel-factory heldout` later)
+    # A later pass over a finished campaign: skip the bucket searches and take their winners from this campaign folder
+    # (its journals/), to re-time and re-learn with more genomes or shapes.
+    searched_from: str | None = None
+    panel_from: str | None = None             # a dispatch table whose genomes (per dtype) join every panel
+    extra_train: str | None = None            # a shape set of the problem the panels and rules also learn from
     buckets: tuple[str, ...] = ()             # only these buckets (empty: every bucket the training set fills)
 
 

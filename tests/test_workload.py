@@ -267,3 +267,29 @@ def test_heldout_command_rerenders_a_recorded_bench(tmp_path, capsys):
     assert "held-out fwd fp16: geomean 1.50x best peer over 1 shapes" in capsys.readouterr().out
     assert cli.main(["heldout", str(tmp_path / "nowhere")]) == cli.EXIT_BAD_INPUT
     assert "not a workload campaign folder" in capsys.readouterr().err
+
+
+def test_a_second_pass_relearns_from_the_searched_winners_a_table_and_more_shapes(tmp_path, model_gpu):
+    base = {"problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"), "observers": ["journal"],
+            "workload": {"dtypes": ["float16"], "train": 6, "heldout": 6, "seed": 9, "per_bucket": 4, "panel": 4,
+                         "n": [64, 8192], "validate": False},
+            "search": {"population": 4}}
+    first = campaign.run_campaign(config.parse(base), "first")
+    searched = len(model_gpu.ledger)
+    base["workload"].update(searched_from=str(first), panel_from="kernels/ops/rmsnorm_fwd.json",
+                            extra_train="benchmark")
+    cfg = config.parse(base)
+    second = campaign.run_campaign(cfg, "second")
+    assert not list((tmp_path / "runs").glob("second.*"))           # no bucket search ran again
+    new_cases = set(model_gpu.ledger[searched:])
+    plan = campaign.plan(cfg)
+    assert new_cases == {c for c in plan.split.train} | {Case(s, "float16") for s in fwd.shape_sets["benchmark"]}
+    assert not new_cases & set(plan.split.heldout)
+    genomes = {json.loads(line)["genome"]["genes"]["threads"] for line in
+               (second / "panel-float16.jsonl").read_text().splitlines()}
+    table = Table("kernels/ops/rmsnorm_fwd.json", runnable=False)
+    assert len((second / "panel-float16.jsonl").read_text().splitlines()) > 4   # the table's genomes joined
+    assert {int(g["genes"]["threads"]) for g in table.data["genomes"].values()} & genomes
+    base["workload"]["n"] = [64, 4096]
+    with pytest.raises(ConfigError, match="searched other buckets"):
+        campaign.run_campaign(config.parse(base), "third")

@@ -29,6 +29,7 @@ from ..evaluate.gpu import parked_workers
 from ..run import execute, new_run_id, run_folder
 from ..types import Candidate, Case, Genome
 from ..workload import ServesWorkload, Split, Workload, by_bucket, distance, narrow, split
+from ..evaluate import render
 from . import dispatch, learn
 
 PLAN = "workload.json"
@@ -127,17 +128,72 @@ def search_buckets(cfg: RunConfig, campaign: str, folder: Path, p: Plan) -> dict
     return found
 
 
+def searched_winners(cfg: RunConfig, p: Plan) -> dict[str, list[Genome]]:
+    """Step 2 of an earlier campaign: each of its buckets' winners, read from its folder's journals (gzipped, as
+    committed) or from out_dir; the buckets must be this plan's."""
+    folder = Path(cfg.workload.searched_from)
+    try:
+        earlier = json.loads((folder / PLAN).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config key 'workload.searched_from': {str(folder)!r} is not a campaign folder ({exc})")
+    if set(earlier["buckets"]) != set(p.buckets):
+        raise ConfigError(f"config key 'workload.searched_from': {str(folder)!r} searched other buckets than this "
+                          f"workload draws; use the same workload keys as that campaign")
+    found = {}
+    for b in p.buckets:
+        name = f"{earlier['campaign']}.{slug(b)}"
+        paths = [folder / "journals" / name / "journal.jsonl.gz", Path(cfg.out_dir) / name / journal.NAME]
+        path = next((x for x in paths if x.is_file()), None)
+        if path is None:
+            raise ConfigError(f"config key 'workload.searched_from': no journal of bucket {b} ({name}) under "
+                              f"{folder}/journals or {cfg.out_dir}")
+        found[b] = winners(path, WINNERS)
+    return found
+
+
+def panel_cases(cfg: RunConfig, p: Plan, dtype: str) -> list[Case]:
+    """A dtype's training cases, and the extra shape set's (never a held-out case)."""
+    cases = [c for c in p.split.train if c.dtype == dtype]
+    if cfg.workload.extra_train:
+        problem = registry.load("problem", cfg.problem)
+        extra = [Case(s, dtype) for s in build.shapes_of(problem, cfg.workload.extra_train,
+                                                          "config key 'workload.extra_train'")]
+        clash = [c.key for c in extra if c in set(p.split.heldout)]
+        if clash:
+            raise ConfigError(f"config key 'workload.extra_train': {clash[0]} is a held-out shape")
+        cases += [c for c in extra if c not in cases]
+    return cases
+
+
+def table_genomes(cfg: RunConfig, dtype: str) -> list[Genome]:
+    """The genomes a dispatch table (workload.panel_from) uses for a dtype, as this problem's genomes today."""
+    if not cfg.workload.panel_from:
+        return []
+    problem = registry.load("problem", cfg.problem)
+    table = dispatch.load(cfg.workload.panel_from)
+    entry = table.get("dtypes", {}).get(dtype)
+    out = []
+    for gid in dict.fromkeys(dispatch.op_table.chosen_genomes(entry) if entry else []):
+        rec = table["genomes"][gid]
+        adapted = render.adapt(rec["genes"], rec.get("patch", {}), problem)[0]
+        if adapted is not None and adapted not in out:
+            out.append(adapted)
+    return out
+
+
 def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome]]) -> dict[str, Path]:
-    """Step 3: per dtype, the winners of its buckets timed on all its training shapes by one evaluator."""
+    """Step 3: per dtype, the winners of its buckets (and a table's genomes) timed on all its training shapes by
+    one evaluator."""
     out = {}
     for dtype in p.workload.dtypes:
-        cases = [c for c in p.split.train if c.dtype == dtype]
+        cases = panel_cases(cfg, p, dtype)
         genomes: list[Genome] = []
         for rank in range(WINNERS):   # every bucket's best first, then every bucket's second
             for b, gs in found.items():
                 if b.split("/")[0] in (dtype, "any") and rank < len(gs) and gs[rank] not in genomes:
                     genomes.append(gs[rank])
         genomes = genomes[:cfg.workload.panel]
+        genomes += [g for g in table_genomes(cfg, dtype) if g not in genomes]
         if not cases or not genomes:
             continue
         pcfg = bucket_config(cfg, cases, None)
@@ -229,7 +285,8 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
     status = "FAILED"
     try:
         with parked_workers():   # one GPU worker process serves every bucket's run and the panels
-            found = search_buckets(cfg, campaign, folder, p)
+            found = (searched_winners(cfg, p) if cfg.workload.searched_from
+                     else search_buckets(cfg, campaign, folder, p))
             panels = panel(cfg, folder, p, found)
         table = learn_table(cfg.problem, panels, cfg.workload.rule_depth, campaign)
         dispatch.build(problem, table, folder / "kernels" / dispatch.CUBIN_FOLDER)
