@@ -118,3 +118,29 @@ def test_a_setup_error_reaches_the_parent_as_its_message_alone(monkeypatch):
     conn = Conn()
     worker.serve(conn)
     assert conn.sent == [{"op": "error", "message": "the input sets do not fit"}]
+
+
+def test_a_worker_taken_over_frees_the_last_runs_pools_before_making_the_next(monkeypatch):
+    """A campaign hands one worker from run to run (gpu.parked_workers): the last run's input pools must be gone
+    before the next run's are allocated, or both runs' inputs must fit at once (an H200 ran out of memory so)."""
+    import multiprocessing
+    import weakref
+    from kernel_factory.evo.evaluate import worker
+
+    class Bench:
+        pass
+    made, alive_at_setup = [], []
+
+    def start(msg):
+        alive_at_setup.append(made[-1]() is not None if made else None)
+        bench = Bench()
+        made.append(weakref.ref(bench))
+        return bench, {"op": "ready"}
+    monkeypatch.setattr(worker, "start", start)
+    monkeypatch.setattr(worker, "release_memory", lambda: None)
+    ours, theirs = multiprocessing.Pipe()
+    for msg in ({"op": "setup"}, {"op": "setup"}, {"op": "stop"}):
+        ours.send(msg)
+    worker.serve(theirs)
+    assert alive_at_setup == [None, False]
+    assert ours.recv() == {"op": "ready"} and ours.recv() == {"op": "ready"}

@@ -284,6 +284,14 @@ def start(msg: Mapping[str, Any]) -> tuple[Bench, dict[str, Any]]:
                    "fingerprint": measure.fingerprint({"clocks_at_setup": before})}
 
 
+def release_memory() -> None:
+    """Return what freed tensors held to the driver (the caching allocator keeps it otherwise)."""
+    import gc
+    import torch
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def serve(conn) -> None:
     """Worker main loop: answer one message at a time until told to stop or the context is poisoned."""
     bench: Bench | None = None
@@ -295,6 +303,9 @@ def serve(conn) -> None:
         if msg["op"] == "stop":
             return
         if msg["op"] == "setup":
+            if bench is not None:   # a parked worker taken over: free the last run's input pools before the new
+                bench = None        # ones are made (both at once need twice the memory; a campaign ran out of it)
+                release_memory()
             try:
                 bench, ready = start(msg)
                 conn.send(ready)
