@@ -14,7 +14,7 @@ import networkx as nx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from kernel_factory.evo import config
+from kernel_factory.evo import config, journal
 from kernel_factory.evo.observers import lineage
 from kernel_factory.evo.observers import mlflow as mlflow_observer
 from kernel_factory.evo.run import execute
@@ -172,7 +172,10 @@ def test_replay_run_logs_lineage_and_the_cli_explains_its_best(replay_config, tm
 
     monkeypatch.setattr(mlflow_observer.lineage, "render", counting)
     summary = execute(config.parse(replay_config))
-    assert len(drawn) == 2 and drawn[0] < drawn[1] == summary.evaluations   # after generation 3, and at the end
+    # after generation 3, and at the end: every evaluated candidate, and every child the rule refused (shown once)
+    refused = [r for _, r in journal.read(tmp_path / "runs" / summary.run_id / journal.NAME).pairs()
+               if r.status == Status.INFEASIBLE]
+    assert len(drawn) == 2 and drawn[0] < drawn[1] == summary.evaluations + len(refused)
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rmsnorm_fwd")
