@@ -76,8 +76,7 @@ class History:
     """Earlier runs' records (read-only) plus this run's, in evaluation order."""
 
     def __init__(self, prior: Sequence[Record] = ()):
-        # An earlier run's refusals (status infeasible) were never evaluated, and the rule already is their lesson.
-        self.prior = [r for r in prior if r.status is not Status.INFEASIBLE]
+        self.prior = list(prior)   # prior.load_prior leaves out earlier runs' refusals
         self.current: list[Record] = []
         self._by_id: dict[str, Record] = {}
         for rec in self.prior:

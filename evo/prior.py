@@ -132,5 +132,6 @@ def load_prior(store: str | Path, experiment: str, space: GeneSpace, gpu: str, k
             continue
         children = search_all(client, exp.experiment_id, f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
         records = [_record(c, space, run_id) for c in children] or _table_records(client, parent, space, run_id)
-        out.extend(sorted((r for r in records if r), key=lambda r: r.generation))
+        # a refusal (status infeasible) was never evaluated, and the rule already is its lesson: not history
+        out.extend(sorted((r for r in records if r and r.status is not Status.INFEASIBLE), key=lambda r: r.generation))
     return out

@@ -89,7 +89,7 @@ def test_patched_genome_is_not_recorded_under_replay(replay_config, rmsnorm):
     ev = build.make_evaluator(prepared, "replay")
     plain = Candidate(Genome.of(rmsnorm.space.defaults()))
     # a patch that compiles to another binary (an identical one would be replayed; see test_patched_replay.py)
-    second = regions_of(rmsnorm.template())["second_pass"].replace("rstd);", "rstd * 1.0001f);")
+    second = regions_of(rmsnorm.template())["second_pass"].replace("rstd, w_vec);", "rstd * 1.0001f, w_vec);")
     patched = Candidate(Genome.of(rmsnorm.space.defaults(), {"second_pass": second}))
     r_plain, r_patched = ev.evaluate([plain, patched])
     assert r_plain.status is Status.OK and r_plain.fitness > 0 and r_plain.evaluator == "replay"

@@ -18,7 +18,8 @@ from kernel_factory.evo.protocols import recipe_names
 from kernel_factory.problems import rmsnorm_fwd as rf
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = ROOT / "kernels" / "ops" / "rmsnorm_fwd.json"
+# The op's forward table before the tail gene (and before the workload campaign replaced it): its sha256 per kernel
+TABLE = ROOT / "docs" / "results" / "workload" / "h200-fwd-workload" / "per-row-table.json"
 
 # Peel genomes over the paths of the template: registers and streaming, the cp.async ring, several rows per CTA,
 # persistent, staged (cp.async and bulk, with the persistent prefetch) and clusters.
@@ -111,7 +112,6 @@ def test_tail_scalar_builds_the_shipped_cubins_byte_for_byte(shipped_rebuilds):
     for key, rec, out in shipped_rebuilds:
         assert out.cubin is not None, (key, out.error)
         assert hashlib.sha256(out.cubin).hexdigest() == rec["sha256"], f"{key}: tail=scalar changed the binary"
-        assert out.cubin == (TABLE.parent / rec["cubin"]).read_bytes()
 
 
 def test_tail_never_changes_feasibility():
