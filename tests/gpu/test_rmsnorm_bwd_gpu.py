@@ -80,21 +80,21 @@ def genomes() -> dict[str, dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """name -> (genes, {dtype: cubin}), compiled on the CPU pool like the evaluator does."""
+def build_all(named: dict[str, dict], cache) -> dict[str, tuple[dict, dict]]:
+    """name -> (genes, {dtype: cubin}) for named genomes of the backward, compiled on the CPU pool like the
+    evaluator does (tests/gpu/test_rmsnorm_bwd_small_gpu.py builds its genomes with it too)."""
     from kernel_factory.evo.evaluate import render
     from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
     p = problem()
-    compiler = Compiler(tmp_path_factory.mktemp("bwd-gpu-cache"), workers=8)
+    compiler = Compiler(cache, workers=8)
     jobs, owner = [], {}
     try:
-        for name, g in genomes().items():
+        for name, g in named.items():
             for dt in DTYPES:
                 key = compiler.key(render.body(p, Genome.of(g), dt))
                 owner[key] = (name, dt)
                 jobs.append(CompileJob(key, render.render(p, Candidate(Genome.of(g)), dt), f"{name}-{dt}.cu"))
-        out: dict[str, tuple[dict, dict]] = {name: (g, {}) for name, g in genomes().items()}
+        out: dict[str, tuple[dict, dict]] = {name: (g, {}) for name, g in named.items()}
         for res in compiler.compile_many(jobs):
             name, dt = owner[res.key]
             assert res.error is None, f"{name} {dt}:\n{res.error}"
@@ -102,6 +102,11 @@ def built(tmp_path_factory):
     finally:
         compiler.close()
     return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return build_all(genomes(), tmp_path_factory.mktemp("bwd-gpu-cache"))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from kernel_factory.evo.types import Candidate, Case, Genome
+from kernel_factory.evo.types import Case
+from test_rmsnorm_bwd_gpu import bench, build_all   # noqa: F401  (bench: the worker's state, a fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -41,34 +42,11 @@ def problem():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """name -> (genes, {dtype: cubin})."""
-    from kernel_factory.evo.evaluate import render
-    from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
     p = problem()
-    compiler = Compiler(tmp_path_factory.mktemp("bwd-small-cache"), workers=8)
-    out: dict[str, tuple[dict, dict]] = {}
-    jobs, owner = [], {}
-    try:
-        for name, kw in SMALL.items():
-            g = {**p.space.defaults(), **kw}
-            assert p.space.why_infeasible(g) is None, (name, p.space.why_infeasible(g))
-            out[name] = (g, {})
-            for dt in DTYPES:
-                key = compiler.key(render.body(p, Genome.of(g), dt))
-                owner[key] = (name, dt)
-                jobs.append(CompileJob(key, render.render(p, Candidate(Genome.of(g)), dt), f"{name}-{dt}.cu"))
-        for res in compiler.compile_many(jobs):
-            name, dt = owner[res.key]
-            assert res.error is None, f"{name} {dt}:\n{res.error}"
-            out[name][1][dt] = res.cubin
-    finally:
-        compiler.close()
-    return out
-
-
-@pytest.fixture(scope="module")
-def bench():
-    from kernel_factory.evo.evaluate import worker
-    return worker.Bench({"problem": "rmsnorm_bwd", "baseline": "torch_eager", "bench_cases": [], "check_cases": []})
+    named = {name: {**p.space.defaults(), **kw} for name, kw in SMALL.items()}
+    for name, g in named.items():
+        assert p.space.why_infeasible(g) is None, (name, p.space.why_infeasible(g))
+    return build_all(named, tmp_path_factory.mktemp("bwd-small-cache"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
