@@ -28,7 +28,7 @@ from ..loop import evolve
 from ..evaluate.replay import ReplayError, ReplayEvaluator
 from ..history import History, Record
 from ..protocols import GenerationStats, RunInfo, RunSummary
-from ..types import Candidate, EvalResult
+from ..types import Candidate, EvalResult, Status
 from ..variation import Proposer
 from .efficiency_kt import KT_GA_DEFAULTS, kt_space_size, kt_trial, write_kt_cache
 from .landscape import Landscape
@@ -114,7 +114,8 @@ class OrderObserver:
         pass
 
     def on_results(self, generation: int, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
-        self.pairs.extend(results)
+        # a child the rule refused was never evaluated: it costs the search nothing and is not counted
+        self.pairs.extend((c, r) for c, r in results if r.status is not Status.INFEASIBLE)
 
     def on_generation(self, stats: GenerationStats) -> None:
         pass
