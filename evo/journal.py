@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 from .config import ConfigError
 from .protocols import EvaluatorInfo, GenerationStats, RunInfo, RunSummary
-from .types import Candidate, EvalResult
+from .types import Candidate, EvalResult, Status
 
 NAME = "journal.jsonl"
 
@@ -72,13 +72,28 @@ class Resume:
 class Result:
     """One candidate and its outcome, in the generation that evaluated it."""
 
+    EVENT = "result"   # a class constant, not a field
+
     generation: int
     candidate: Candidate
     result: EvalResult
 
     def to_json(self) -> dict[str, Any]:
-        return {"event": "result", "generation": self.generation, "candidate": self.candidate.to_json(),
+        return {"event": self.EVENT, "generation": self.generation, "candidate": self.candidate.to_json(),
                 "result": self.result.to_json()}
+
+
+class Refusal(Result):
+    """A child the problem's rule refused (status infeasible): kept with its reason, but no evaluation, so it is an
+    event of its own and never among a run's results."""
+
+    EVENT = "refused"
+
+
+def entry(generation: int, candidate: Candidate, result: EvalResult) -> Result:
+    """The journal event of one outcome: a refusal or an evaluated result."""
+    kind = Refusal if result.status is Status.INFEASIBLE else Result
+    return kind(generation, candidate, result)
 
 
 @dataclass(frozen=True)
@@ -156,9 +171,9 @@ def _resume(d: Mapping[str, Any]) -> Resume:
     return Resume(int(_keys(d, {"known_results"}, set(), "resume")["known_results"]))
 
 
-def _result(d: Mapping[str, Any]) -> Result:
-    d = _keys(d, {"generation", "candidate", "result"}, set(), "result")
-    return Result(int(d["generation"]), Candidate.from_json(d["candidate"]), EvalResult.from_json(d["result"]))
+def _result(d: Mapping[str, Any], kind: type = Result) -> Result:
+    d = _keys(d, {"generation", "candidate", "result"}, set(), kind.EVENT)
+    return kind(int(d["generation"]), Candidate.from_json(d["candidate"]), EvalResult.from_json(d["result"]))
 
 
 def _end(d: Mapping[str, Any]) -> End:
@@ -168,7 +183,8 @@ def _end(d: Mapping[str, Any]) -> End:
 
 Event = Union[Start, Resume, Result, GenerationStats, End]
 PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
-    "start": _start, "resume": _resume, "result": _result, "generation": _generation, "end": _end}
+    "start": _start, "resume": _resume, "result": _result, "refused": lambda d: _result(d, Refusal),
+    "generation": _generation, "end": _end}
 
 
 def _mapping(value: Any, what: str) -> Mapping[str, Any]:
@@ -238,7 +254,16 @@ class Journal:
 
     @property
     def results(self) -> tuple[Result, ...]:
-        return tuple(e for e in self.events if isinstance(e, Result))
+        return tuple(e for e in self.events if isinstance(e, Result) and not isinstance(e, Refusal))
+
+    def outcomes(self) -> list[tuple[Candidate, EvalResult]]:
+        """Every candidate the run produced, refused ones included, in file order (what a lineage draws)."""
+        return [(e.candidate, e.result) for e in self.events if isinstance(e, Result)]
+
+    @property
+    def refusals(self) -> tuple[Result, ...]:
+        """The children the rule refused, each once, with the rule's reason in its result's message."""
+        return tuple(e for e in self.events if isinstance(e, Refusal))
 
     def pairs(self) -> list[tuple[Candidate, EvalResult]]:
         """Every evaluated candidate with its result, in the order they were evaluated."""

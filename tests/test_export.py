@@ -244,11 +244,14 @@ def test_shipped_table_is_valid_and_its_cubins_intact(rmsnorm):
     path = ROOT / "kernels" / "ops" / "rmsnorm_fwd.json"
     table = dispatch.load(path)
     assert set(table["dtypes"]) == set(rmsnorm.dtypes)
-    for dtype in rmsnorm.dtypes:   # the shipped table comes from H200 runs of every dtype
+    # the shipped forward table is a workload campaign's learned rule: one per dtype, learned from H200 panels
+    campaign = ROOT / table["sources"][0]
+    assert json.loads((campaign / "workload.json").read_text())["config"]["problem"] == "rmsnorm_fwd"
+    assert "H200" in (campaign / "gpu.txt").read_text()
+    for dtype in rmsnorm.dtypes:
         entry = table["dtypes"][dtype]
-        assert set(entry["by_n"]) == {str(Case.parse(k).shape[1]) for k in BENCH}
-        assert {e["provenance"]["evaluator"] for e in [entry["general"], *entry["by_n"].values()]} == {"gpu"}
-        assert all("H200" in e["provenance"]["gpu"] for e in entry["by_n"].values())
+        assert "rule" in entry and entry["fit"]["cases"] >= 32
+        assert (campaign / f"panel-{dtype}.jsonl").is_file()
     for rec in table["kernels"].values():
         data = (path.parent / rec["cubin"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == rec["sha256"]

@@ -173,8 +173,7 @@ def test_replay_run_logs_lineage_and_the_cli_explains_its_best(replay_config, tm
     monkeypatch.setattr(mlflow_observer.lineage, "render", counting)
     summary = execute(config.parse(replay_config))
     # after generation 3, and at the end: every evaluated candidate, and every child the rule refused (shown once)
-    refused = [r for _, r in journal.read(tmp_path / "runs" / summary.run_id / journal.NAME).pairs()
-               if r.status == Status.INFEASIBLE]
+    refused = journal.read(tmp_path / "runs" / summary.run_id / journal.NAME).refusals
     assert len(drawn) == 2 and drawn[0] < drawn[1] == summary.evaluations + len(refused)
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")

@@ -24,8 +24,8 @@ def test_replay_run_improves_and_records_everything(replay_config):
     summary, cfg = run(replay_config)
     assert summary.stop_reason == "generations" and summary.generations == 4
     records = journal_of(cfg, summary)
-    results = [r for r in records if r["event"] == "result" and r["result"]["evaluator"] != "rule"]
-    assert len(results) == summary.evaluations     # (the rule's refusals are journalled, but are no evaluations)
+    results = [r for r in records if r["event"] == "result"]
+    assert len(results) == summary.evaluations     # (the rule's refusals are journalled apart: no evaluations)
     ids = [r["candidate"]["id"] for r in results]
     assert len(ids) == len(set(ids)), "a genome must never be evaluated twice"
     assert records[0]["event"] == "start" and records[0]["evaluator"]["kind"] == "replay"
@@ -181,9 +181,11 @@ def test_seeds_from_an_older_table_take_new_genes_at_their_defaults(tmp_path, sy
 
 def test_children_the_rule_refuses_are_shown_with_its_reason_and_never_evaluated(replay_config, rmsnorm):
     summary, cfg = run(replay_config, "search.generations=8")
-    results = [r for r in journal_of(cfg, summary) if r["event"] == "result"]
-    refused = [r for r in results if r["result"]["status"] == Status.INFEASIBLE.value]
+    records = journal_of(cfg, summary)
+    results = [r for r in records if r["event"] in ("result", "refused")]
+    refused = [r for r in records if r["event"] == "refused"]
     assert refused, "the operators propose some children that the rule refuses"
+    assert all(r["result"]["status"] == Status.INFEASIBLE.value for r in refused)
     assert len(results) - len(refused) == summary.evaluations
     for r in refused:
         why = rmsnorm.space.why_infeasible(r["candidate"]["genome"]["genes"])

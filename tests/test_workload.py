@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -276,8 +277,8 @@ def test_a_second_pass_relearns_from_the_searched_winners_a_table_and_more_shape
             "search": {"population": 4}}
     first = campaign.run_campaign(config.parse(base), "first")
     searched = len(model_gpu.ledger)
-    base["workload"].update(searched_from=str(first), panel_from="kernels/ops/rmsnorm_fwd.json",
-                            extra_train="benchmark")
+    shipped = Path(__file__).resolve().parents[1] / "kernels" / "ops" / "rmsnorm_fwd.json"
+    base["workload"].update(searched_from=str(first), panel_from=str(shipped), extra_train="benchmark")
     cfg = config.parse(base)
     second = campaign.run_campaign(cfg, "second")
     assert not list((tmp_path / "runs").glob("second.*"))           # no bucket search ran again
@@ -287,7 +288,7 @@ def test_a_second_pass_relearns_from_the_searched_winners_a_table_and_more_shape
     assert not new_cases & set(plan.split.heldout)
     genomes = {json.loads(line)["genome"]["genes"]["threads"] for line in
                (second / "panel-float16.jsonl").read_text().splitlines()}
-    table = Table("kernels/ops/rmsnorm_fwd.json", runnable=False)
+    table = Table(shipped, runnable=False)
     assert len((second / "panel-float16.jsonl").read_text().splitlines()) > 4   # the table's genomes joined
     assert {int(g["genes"]["threads"]) for g in table.data["genomes"].values()} & genomes
     base["workload"]["n"] = [64, 4096]

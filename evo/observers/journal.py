@@ -51,7 +51,7 @@ class JournalObserver:
         for cand, res in results:
             if cand.id in self.logged:
                 continue
-            self._write(journal.Result(generation, cand, res).to_json())
+            self._write(journal.entry(generation, cand, res).to_json())
 
     def on_generation(self, stats: GenerationStats) -> None:
         if stats.generation <= self.last_generation:

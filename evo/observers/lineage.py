@@ -65,7 +65,7 @@ def from_journal(path: str | Path) -> nx.DiGraph:
     its journal last named it (a killed run has no end record, but each generation names its best)."""
     run = journal.read(path)
     evaluator = run.start.evaluator
-    graph = build(run.pairs(), run.run_id, run.latest_best(), replay_note(evaluator.kind, evaluator.label))
+    graph = build(run.outcomes(), run.run_id, run.latest_best(), replay_note(evaluator.kind, evaluator.label))
     graph.graph["warm_start_from"] = dict(run.start.warm_start_from)
     return graph
 
