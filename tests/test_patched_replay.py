@@ -27,7 +27,7 @@ def edits(problem) -> dict[str, dict[str, str]]:
     return {
         "comment": {"reduce": "// a comment the compiler never sees\n" + regions["reduce"]},
         "whitespace": {"second_pass": "\n\n   " + regions["second_pass"].replace("\n", "\n\n")},
-        "change": {"second_pass": regions["second_pass"].replace("rstd);", "rstd * 1.0001f);")},
+        "change": {"second_pass": regions["second_pass"].replace("rstd, w_vec);", "rstd * 1.0001f, w_vec);")},
         "broken": {"reduce": "this is not C++;\n"},
         "host": {"reduce": '#include <cstdio>\n' + regions["reduce"]},
         "unknown": {"nowhere": "int x;\n"},

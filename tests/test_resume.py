@@ -34,10 +34,11 @@ def write_config(folder: Path, recording: Path) -> Path:
 def final_state(folder: Path, run_id: str) -> dict:
     records = journal.records(folder / "runs" / run_id / "journal.jsonl")
     results = [r["candidate"]["id"] for r in records if r["event"] == "result"]
+    refused = [r["candidate"]["id"] for r in records if r["event"] == "refused"]
     gens = {r["generation"]: r for r in records if r["event"] == "generation"}
     end = [r for r in records if r["event"] == "end"][-1]
     last = gens[max(gens)]
-    return {"results": results, "population": last["population"], "best": end["best"],
+    return {"results": results, "refused": refused, "population": last["population"], "best": end["best"],
             "hall_of_fame": end["hall_of_fame"], "generations": sorted(gens),
             "probs": [gens[g]["operator_probs"] for g in sorted(gens)]}
 
@@ -89,7 +90,8 @@ def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, synthetic_reco
     assert got == want
     n_parents, kids = mlflow_state(killed_dir, run_id)
     assert n_parents == 1
-    assert sorted(kids) == sorted(want["results"]), "MLflow must hold each journaled candidate exactly once"
+    # MLflow holds every candidate, the rule's refusals included (journaled as events of their own)
+    assert sorted(kids) == sorted(want["results"] + want["refused"]), "MLflow must hold each journaled candidate exactly once"
     records = journal.records(killed_dir / "runs" / run_id / "journal.jsonl")
     assert sum(r["event"] == "resume" for r in records) >= 1
     json.dumps(records)   # the journal stays plain JSON throughout
@@ -129,8 +131,9 @@ def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recor
     assert done.returncode == 0, done.stderr[-2000:]
     records = journal.records(path)
     results = [r["candidate"]["id"] for r in records if r["event"] == "result"]
+    refused = [r["candidate"]["id"] for r in records if r["event"] == "refused"]
     assert len(results) == len(set(results)), "a candidate was evaluated twice"
     assert records[-1]["event"] == "end" and records[-1]["stop_reason"] != "interrupted"
     n_parents, kids = mlflow_state(tmp_path, run_id)
     assert n_parents == 1
-    assert sorted(kids) == sorted(results), "MLflow must hold each journaled candidate exactly once"
+    assert sorted(kids) == sorted(results + refused), "MLflow must hold each journaled candidate exactly once"
