@@ -162,22 +162,28 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     return summary
 
 
-def table_seeds(path: str | None, problem, space) -> list:
-    """The genomes of a dispatch table that are feasible in this run's space (per-shape winners of earlier runs)."""
+def table_seeds(path: str | None, problem, space, key: str = "search.seeds_from", dtype: str | None = None) -> list:
+    """The genomes of a dispatch table (all, or those one dtype dispatches to) that are feasible in this space
+    (per-shape winners of earlier runs); `key` names the config key in errors."""
     if not path:
         return []
     try:
         table = op_table.Table(path, runnable=False)
     except op_table.TableError as exc:
-        raise ConfigError(f"config key 'search.seeds_from': {exc}") from None
+        raise ConfigError(f"config key '{key}': {exc}") from None
     if table.problem != problem.name:
-        raise ConfigError(f"config key 'search.seeds_from': {path!r} is a table for {table.problem!r}, "
-                          f"not {problem.name!r}")
+        raise ConfigError(f"config key '{key}': {path!r} is a table for {table.problem!r}, not {problem.name!r}")
+    genomes = table.data.get("genomes", {})
+    if dtype is None:
+        ids = sorted(genomes)
+    else:
+        entry = table.data.get("dtypes", {}).get(dtype)
+        ids = list(dict.fromkeys(op_table.chosen_genomes(entry))) if entry else []
     seeds = []
-    for gid, entry in sorted(table.data.get("genomes", {}).items()):
+    for gid in ids:
         # a table from before a gene was added: that gene at its default
-        adapted = render.adapt(entry["genes"], entry.get("patch", {}), problem)[0]
-        if adapted is not None and space.why_infeasible(adapted.gene_dict) is None:
+        adapted = render.adapt(genomes[gid]["genes"], genomes[gid].get("patch", {}), problem)[0]
+        if adapted is not None and space.why_infeasible(adapted.gene_dict) is None and adapted not in seeds:
             seeds.append(adapted)
     return seeds
 

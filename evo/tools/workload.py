@@ -26,10 +26,9 @@ from typing import Any, Mapping, Sequence
 from .. import build, journal, registry
 from ..config import ConfigError, RunConfig, WorkloadConfig
 from ..evaluate.gpu import parked_workers
-from ..run import execute, new_run_id, run_folder
+from ..run import execute, new_run_id, run_folder, table_seeds
 from ..types import Candidate, Case, Genome
 from ..workload import ServesWorkload, Split, Workload, by_bucket, distance, narrow, split
-from ..evaluate import render
 from . import dispatch, learn
 
 PLAN = "workload.json"
@@ -167,18 +166,8 @@ def panel_cases(cfg: RunConfig, p: Plan, dtype: str) -> list[Case]:
 
 def table_genomes(cfg: RunConfig, dtype: str) -> list[Genome]:
     """The genomes a dispatch table (workload.panel_from) uses for a dtype, as this problem's genomes today."""
-    if not cfg.workload.panel_from:
-        return []
     problem = registry.load("problem", cfg.problem)
-    table = dispatch.load(cfg.workload.panel_from)
-    entry = table.get("dtypes", {}).get(dtype)
-    out = []
-    for gid in dict.fromkeys(dispatch.op_table.chosen_genomes(entry) if entry else []):
-        rec = table["genomes"][gid]
-        adapted = render.adapt(rec["genes"], rec.get("patch", {}), problem)[0]
-        if adapted is not None and adapted not in out:
-            out.append(adapted)
-    return out
+    return table_seeds(cfg.workload.panel_from, problem, problem.space, "workload.panel_from", dtype)
 
 
 def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome]]) -> dict[str, Path]:
