@@ -12,7 +12,9 @@ proposer, evaluator and observers).
 """
 from __future__ import annotations
 
+import contextlib
 import random
+import signal
 import statistics
 import time
 from collections import Counter
@@ -91,12 +93,13 @@ class RunState:
 
     def record(self, batch: Sequence[Candidate], results: Sequence[EvalResult], generation: int) -> list[Individual]:
         """Hall of fame, history and observers learn of these results (steady.py records one child at a time)."""
-        self.new = [Individual(c, r) for c, r in zip(batch, results)]
-        self.seen.update((ind.candidate.id, ind) for ind in self.new)
-        self.hof.update(self.new)
-        self.history.add(Record.of(i.candidate, i.result, self.run_id) for i in self.new)
-        for obs in self.observers:
-            obs.on_results(generation, [(i.candidate, i.result) for i in self.new])
+        with whole():
+            self.new = [Individual(c, r) for c, r in zip(batch, results)]
+            self.seen.update((ind.candidate.id, ind) for ind in self.new)
+            self.hof.update(self.new)
+            self.history.add(Record.of(i.candidate, i.result, self.run_id) for i in self.new)
+            for obs in self.observers:
+                obs.on_results(generation, [(i.candidate, i.result) for i in self.new])
         return self.new
 
     def report_refused(self, refused: Sequence[Candidate], generation: int) -> None:
@@ -105,9 +108,9 @@ class RunState:
         the evaluation budget, so the search goes exactly as it would without it."""
         fresh = [c for c in dict((c.id, c) for c in refused).values()
                  if c.id not in self.seen and c.id not in self.refused]
-        self.refused.update(c.id for c in fresh)
-        if fresh:
-            for obs in self.observers:
+        with whole():
+            self.refused.update(c.id for c in fresh)
+            for obs in self.observers if fresh else ():
                 obs.on_results(generation, [(c, operator_failure(c, "rule")) for c in fresh])
 
     def gpu_s(self) -> float:
@@ -156,6 +159,26 @@ def operator_failure(c: Candidate, by: str = "operator") -> EvalResult:
     never evaluated."""
     assert c.failure is not None
     return EvalResult(c.id, Status(c.failure[0]), message=c.failure[1], evaluator=by)
+
+
+@contextlib.contextmanager
+def whole():
+    """Ctrl-C or SIGTERM waits for the block to end: a result is told to every observer (the journal, MLflow) and
+    counted in the run's summary, or to none of them. The signal's own handler runs when the block ends."""
+    caught: list[int] = []
+    names = (signal.SIGINT, signal.SIGTERM)
+    try:
+        previous = {n: signal.signal(n, lambda signum, frame: caught.append(signum)) for n in names}
+    except ValueError:   # not the main thread: signals reach only the main one
+        yield
+        return
+    try:
+        yield
+    finally:
+        for n, handler in previous.items():
+            signal.signal(n, handler)
+        for n in dict.fromkeys(caught):
+            signal.raise_signal(n)
 
 
 def case_champions(individuals: Sequence[Individual]) -> list[Candidate]:

@@ -193,3 +193,33 @@ def test_children_the_rule_refuses_are_shown_with_its_reason_and_never_evaluated
         assert r["result"]["evaluator"] == "rule" and r["candidate"]["parents"] and r["generation"] > 0
     ids = [r["candidate"]["id"] for r in results]
     assert len(ids) == len(set(ids)), "each refusal is shown once, and never as a child too"
+
+
+def test_ctrl_c_while_results_are_told_waits_until_every_observer_has_them():
+    """A result is in the journal and MLflow and the summary, or in none: Ctrl-C (or SIGTERM) that lands while the
+    observers are being told is raised once the last one has it."""
+    import os
+    import signal
+    from kernel_factory.evo.config import SearchConfig
+    from kernel_factory.evo.history import History
+    from kernel_factory.evo.loop import RunState
+    from kernel_factory.evo.types import Candidate, EvalResult, Genome
+
+    told: list[str] = []
+
+    class Teller:
+        def __init__(self, name, interrupt=False):
+            self.name, self.interrupt = name, interrupt
+
+        def on_results(self, generation, results):
+            if self.interrupt:
+                os.kill(os.getpid(), signal.SIGINT)
+            told.append(self.name)
+
+    state = RunState(None, [Teller("journal", interrupt=True), Teller("mlflow")], None, History(), SearchConfig(),
+                     "ctrl-c")
+    cand = Candidate(Genome.of({"block": 128}))
+    with pytest.raises(KeyboardInterrupt):
+        state.record([cand], [EvalResult(cand.id, Status.OK, fitness=1.5)], 0)
+    assert told == ["journal", "mlflow"] and list(state.seen) == [cand.id]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the usual Ctrl-C handler is back"

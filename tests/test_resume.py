@@ -87,6 +87,7 @@ def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, synthetic_reco
         assert attempts < 4 * KILLS, "the run keeps finishing before it can be killed: make it longer"
     want, got = final_state(ref_dir, run_id), final_state(killed_dir, run_id)
     assert len(got["results"]) == len(set(got["results"])), "a candidate was evaluated twice"
+    assert len(got["refused"]) == len(set(got["refused"])), "a refusal was journaled twice"
     assert got == want
     n_parents, kids = mlflow_state(killed_dir, run_id)
     assert n_parents == 1
@@ -107,7 +108,10 @@ def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recor
     proc = subprocess.Popen([*CLI, "run", str(cfg), "--run-id", run_id], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not (path.is_file() and sum(r["event"] == "result" for r in journal.records(path)) >= 3):
+    def journaled(event):
+        return sum(r["event"] == event for r in journal.records(path)) if path.is_file() else 0
+    # stopped after a refusal too: resume re-executes the run and must not journal that refusal again
+    while not (journaled("result") >= 3 and journaled("refused") >= 1):
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -133,6 +137,7 @@ def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recor
     results = [r["candidate"]["id"] for r in records if r["event"] == "result"]
     refused = [r["candidate"]["id"] for r in records if r["event"] == "refused"]
     assert len(results) == len(set(results)), "a candidate was evaluated twice"
+    assert refused and len(refused) == len(set(refused)), "a refusal was journaled twice"
     assert records[-1]["event"] == "end" and records[-1]["stop_reason"] != "interrupted"
     n_parents, kids = mlflow_state(tmp_path, run_id)
     assert n_parents == 1

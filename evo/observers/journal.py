@@ -34,10 +34,10 @@ class JournalObserver:
         if run.resumed:
             raw = journal.records(self.path)
             old = journal.of_records(self.path, raw)
-            self.logged = set(old.known())
+            self.logged = set(old.known()) | {r.candidate.id for r in old.refusals}   # refusals: once each
             self.last_generation = max((g.generation for g in old.generations), default=-1)
             self._rewrite(raw)
-            self._write(journal.Resume(len(self.logged)).to_json())
+            self._write(journal.Resume(len(old.results)).to_json())
             return
         self._write(journal.Start.of(run).to_json())
 
