@@ -155,8 +155,8 @@ class CostModel:
 
     ledger: list[Case] = []
 
-    def __init__(self, cases):
-        self.cases = tuple(cases)
+    def __init__(self, cases, space=fwd.space):
+        self.cases, self.space = tuple(cases), space
         CostModel.ledger += self.cases
         self.info = EvaluatorInfo("gpu", "cost model (test)", {"gpu": "cost model"})
 
@@ -174,9 +174,9 @@ class CostModel:
     def evaluate(self, candidates):
         out = []
         for cand in candidates:
-            genes = {**fwd.space.defaults(), **cand.genome.gene_dict}
+            genes = {**self.space.defaults(), **cand.genome.gene_dict}
             times = {c.key: self.time_us(genes, c) for c in self.cases}
-            base = {c.key: 1.2 * self.time_us(fwd.space.defaults(), c) for c in self.cases}
+            base = {c.key: 1.2 * self.time_us(self.space.defaults(), c) for c in self.cases}
             out.append(EvalResult(cand.id, Status.OK, geomean_speedup(times, base), times, {}, base,
                                   evaluator="gpu", gpu_s=0.01))
         return out
@@ -189,7 +189,7 @@ class CostModel:
 def model_gpu(monkeypatch):
     CostModel.ledger = []
     monkeypatch.setattr(build, "evaluator_kind", lambda cfg: ("gpu", None))
-    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: CostModel(run.cases))
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: CostModel(run.cases, run.problem.space))
     return CostModel
 
 
@@ -294,3 +294,39 @@ def test_a_second_pass_relearns_from_the_searched_winners_a_table_and_more_shape
     base["workload"]["n"] = [64, 4096]
     with pytest.raises(ConfigError, match="searched other buckets"):
         campaign.run_campaign(config.parse(base), "third")
+
+
+def test_the_backward_runs_the_same_campaign_and_its_table_dispatches_by_m_and_n(tmp_path, model_gpu):
+    """The backward problem on the workload machinery: its own workload drawn and split, every bucket searched in the
+    backward's gene space, a rule learned per dtype, the backward's kernels built, and the op's table reader choosing
+    by M and N; no held-out shape is ever timed."""
+    from kernel_factory.problems.rmsnorm_bwd import problem as bwd
+    cfg = config.parse({
+        "problem": "rmsnorm_bwd", "seed": 4, "out_dir": str(tmp_path / "runs"), "observers": ["journal"],
+        "workload": {"dtypes": ["bfloat16"], "train": 8, "heldout": 10, "seed": 11, "per_bucket": 4, "panel": 4,
+                     "rule_depth": 2, "n": [64, 16384], "validate": False},
+        "search": {"population": 4}})
+    plan = campaign.plan(cfg)
+    assert plan.workload.dtypes == ("bfloat16",) and plan.workload == narrow(bwd.workload, dtypes=["bfloat16"],
+                                                                              n=[64, 16384])
+    folder = campaign.run_campaign(cfg, "bwd")
+    assert set(model_gpu.ledger) == set(plan.split.train) and not set(plan.split.heldout) & set(model_gpu.ledger)
+    for b in plan.buckets:   # each bucket searched the backward's genes
+        run = journal.read(tmp_path / "runs" / f"bwd.{campaign.slug(b)}" / journal.NAME)
+        assert run.config["problem"] == "rmsnorm_bwd"
+        assert all(set(c.genome.gene_dict) <= {g.name for g in bwd.space.genes} for c, _ in run.pairs())
+    table = Table(folder / "kernels" / "dispatch.json")
+    assert table.problem == "rmsnorm_bwd" and "rule" in table.data["dtypes"]["bfloat16"]
+    for c in [*plan.split.train, *plan.split.heldout]:   # any shape gets a backward kernel the rule names
+        m, n = c.shape
+        gid, why = table.choose("bfloat16", n, m)
+        assert why.startswith("rule leaf") and gid in table.data["genomes"]
+        assert table.kernel("bfloat16", n, m).cubin()[:4] == b"\x7fELF"
+    # `kernel-factory export CAMPAIGN --problem rmsnorm_bwd --build` gives the op's backward this rule
+    from kernel_factory.evo.tools import export
+    out, _ = export.export("rmsnorm_bwd", [str(folder)], tmp_path / "ops" / "rmsnorm_bwd.json", build=True)
+    op_table = Table(out)
+    assert all(op_table.choose("bfloat16", c.shape[1], c.shape[0]) == table.choose("bfloat16", c.shape[1], c.shape[0])
+               for c in plan.split.heldout)
+    with pytest.raises(export.ExportError, match="not 'rmsnorm_fwd'"):
+        export.export("rmsnorm_fwd", [str(folder)], tmp_path / "ops" / "fwd.json")
