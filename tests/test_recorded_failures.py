@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from kernel_factory.evo import build, config
 from kernel_factory.evo.evaluate import recording
 from kernel_factory.evo.evaluate.replay import ReplayEvaluator
@@ -63,12 +65,19 @@ class FakeGpu:
         pass
 
 
+SMALL = {"threads": [1024], "rows_per_cta": [1], "vec_bytes": [16], "load": ["plain", "cp_async"], "store": ["plain"],
+         "keep_x": [False, True], "reduce": ["shfl"], "rsqrt": ["approx"], "unroll": [2, 4]}
+
+
+def small_recording(tmp_path, synthetic_recording):
+    """The recording over a small space whose rule-rejected genomes include both kinds (shared memory, spills)."""
+    rec = recording.read(synthetic_recording)
+    return recording.write(dataclasses.replace(rec, header={**rec.header, "space": SMALL}), tmp_path / "small.jsonl.gz")
+
+
 def test_outside_rule_on_gpu_keeps_the_failures_and_lists_the_passes(tmp_path, monkeypatch, rmsnorm,
                                                                       synthetic_recording):
-    rec = recording.read(synthetic_recording)
-    small = {"threads": [1024], "rows_per_cta": [1], "vec_bytes": [16], "load": ["plain", "cp_async"],
-             "store": ["plain"], "keep_x": [False, True], "reduce": ["shfl"], "rsqrt": ["approx"], "unroll": [2, 4]}
-    path = recording.write(dataclasses.replace(rec, header={**rec.header, "space": small}), tmp_path / "small.jsonl.gz")
+    path = small_recording(tmp_path, synthetic_recording)
     fake = FakeGpu(rmsnorm.space)
     monkeypatch.setattr(build, "evaluator_kind", lambda cfg: ("gpu", ""))
     monkeypatch.setattr(build, "make_evaluator", lambda run, kind: fake)
@@ -76,7 +85,7 @@ def test_outside_rule_on_gpu_keeps_the_failures_and_lists_the_passes(tmp_path, m
                         "out_dir": str(tmp_path / "runs")})
     written, measured, added = record_gpu.add_gpu_failures(cfg, path, tmp_path / "out.jsonl.gz")
 
-    space = rmsnorm.space.restricted(recording.covered_choices({"space": small}, rmsnorm.space))
+    space = rmsnorm.space.restricted(recording.covered_choices({"space": SMALL}, rmsnorm.space))
     refused = {g.id: why for g, why in rejected(space)}
     assert measured == len(refused) == len(fake.seen) and 0 < added < measured   # both kinds are in the sample
     again = recording.read(written)
@@ -85,3 +94,41 @@ def test_outside_rule_on_gpu_keeps_the_failures_and_lists_the_passes(tmp_path, m
     assert all(again.entries[g][1].status is Status.CRASHED for g in smem)
     note = again.header["gpu_outside_rule"]
     assert note["failures"] == added and sorted(note["passed"]) == sorted(set(refused) - smem)
+
+
+def test_outside_rule_cut_short_keeps_what_it_measured_and_the_same_command_finishes(tmp_path, monkeypatch, rmsnorm,
+                                                                                      synthetic_recording):
+    """A time limit or a kill mid-way loses nothing: each result is in out's .partial.jsonl as it arrives, and the
+    same command run again measures only the rest, then writes the same recording as one uninterrupted run."""
+    path = small_recording(tmp_path, synthetic_recording)
+    monkeypatch.setattr(record_gpu, "CHUNK", 2)
+    monkeypatch.setattr(build, "evaluator_kind", lambda cfg: ("gpu", ""))
+    cfg = config.parse({"problem": "rmsnorm_fwd", "dtypes": ["bfloat16"], "shapes": "benchmark",
+                        "out_dir": str(tmp_path / "runs")})
+
+    class Killed(FakeGpu):
+        def evaluate(self, candidates):
+            if len(self.seen) >= 4:
+                raise KeyboardInterrupt   # the time limit, after two chunks
+            return super().evaluate(candidates)
+
+    first = Killed(rmsnorm.space)
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: first)
+    out = tmp_path / "out.jsonl.gz"
+    with pytest.raises(KeyboardInterrupt):
+        record_gpu.add_gpu_failures(cfg, path, out)
+    partial = tmp_path / "out.partial.jsonl"
+    assert not out.exists() and set(recording.read(partial).entries) == set(first.seen) and len(first.seen) == 4
+
+    second = FakeGpu(rmsnorm.space)
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: second)
+    written, measured, added = record_gpu.add_gpu_failures(cfg, path, out)
+    assert not set(first.seen) & set(second.seen), "nothing measured twice"
+    assert measured == len(first.seen) + len(second.seen) and not partial.exists()
+    whole = FakeGpu(rmsnorm.space)
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: whole)
+    once = recording.read(record_gpu.add_gpu_failures(cfg, path, tmp_path / "once.jsonl.gz")[0])
+    again = recording.read(written)
+    assert again.outside_rule == once.outside_rule and set(again.entries) == set(once.entries)
+    assert sorted(again.header["gpu_outside_rule"]["passed"]) == sorted(once.header["gpu_outside_rule"]["passed"])
+    assert len(again.header["gpu_outside_rule"]["resumes"]) == 1 and added == once.header["gpu_outside_rule"]["failures"]

@@ -98,8 +98,8 @@ class Writer:
         tmp = self.partial.with_suffix(".tmp")
         with open(tmp, "w") as fh:
             fh.write(json.dumps(dict(old.header)) + "\n")   # resumes so far now live in the header
-            for genome, result in old.entries.values():
-                fh.write(json.dumps(entry(genome, result)) + "\n")
+            for gid, (genome, result) in old.entries.items():
+                fh.write(json.dumps(entry(genome, result, old.outside_rule.get(gid))) + "\n")
         os.replace(tmp, self.partial)
 
     def _append(self, row: Mapping[str, Any]) -> None:
@@ -111,8 +111,8 @@ class Writer:
     def add_resume(self, info: Mapping[str, Any]) -> None:
         self._append({"resume": dict(info)})
 
-    def add(self, genome: Genome, result: EvalResult) -> None:
-        self._append(entry(genome, result))
+    def add(self, genome: Genome, result: EvalResult, outside_rule: str | None = None) -> None:
+        self._append(entry(genome, result, outside_rule))
         self.done.add(genome.id)
 
     def finish(self, header_updates: Mapping[str, Any] | None = None) -> Path:

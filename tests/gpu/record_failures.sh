@@ -15,6 +15,8 @@
 # quickstart from it on the CPU path of the same host, as a check. To adopt it, copy
 # $OUT/rmsnorm_fwd-bfloat16-h200.jsonl.gz over problems/recorded/ and update problems/recorded/README.md from
 # $OUT/summary.txt (a replay that meets a recorded failure shows it in its candidate table, failures.md and lineage).
+# Cut short (a time limit, a kill), step 1 keeps each result in $OUT/rmsnorm_fwd-bfloat16-h200.partial.jsonl; run
+# the script again with the same $OUT (that file carried back) and it measures only the rest.
 set -euo pipefail
 out="${OUT:?set OUT to the folder for the results}"
 mkdir -p "$out"
