@@ -1,7 +1,7 @@
 """What earlier runs teach, read back from the MLflow store: their candidates as history records, for credit,
 lessons, the surrogate and warm start (history.py holds the records; this module reads them). It also opens the
-store for the MLflow observer (observers/mlflow.py), which writes it and reads what a killed run had already logged.
-Only these two modules import mlflow."""
+store for the MLflow observer (observers/mlflow.py, its plumbing in observers/mlflow_store.py), which writes it and
+reads what a killed run had already logged. Only these three modules import mlflow."""
 from __future__ import annotations
 
 import os

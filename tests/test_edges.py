@@ -12,7 +12,7 @@ import yaml
 from kernel_factory.evo import config as config_mod
 from kernel_factory.evo.journal import records as journal_records
 from kernel_factory.evo.observers import journal
-from kernel_factory.evo.observers.mlflow import open_store
+from kernel_factory.evo.prior import open_store
 from kernel_factory.evo.run import execute
 from kernel_factory.evo.tools import cli
 

@@ -13,7 +13,9 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from kernel_factory.evo.config import parse
-from kernel_factory.evo.observers.mlflow import MlflowObserver, batches, flatten, open_store, safe_key, ui_command
+from kernel_factory.evo.observers.mlflow import MlflowObserver
+from kernel_factory.evo.observers.mlflow_store import batches, flatten, safe_key, ui_command
+from kernel_factory.evo.prior import open_store
 from kernel_factory.evo.protocols import EvaluatorInfo, GenerationStats, RunInfo, RunSummary
 from kernel_factory.evo.types import BuildInfo, Candidate, Case, EvalResult, Genome, Status, geomean_speedup
 
@@ -237,7 +239,7 @@ def test_default_logs_a_candidate_table_and_ui_notes_on_the_parent(tmp_path, rms
     assert view["searchFilter"] == "tags.`kf.kind` = 'evolution'" and "metrics.`final_best_fitness`" in \
         view["selectedColumns"]
 
-    from kernel_factory.evo.observers.mlflow import read_table
+    from kernel_factory.evo.prior import read_table
     table = read_table(client, pid)
     rows = {cid: dict(zip(table, values)) for cid, values in zip(table["candidate"], zip(*table.values()))}
     assert set(rows) == {cand.id for cand in c.values()}

@@ -79,7 +79,7 @@ def test_a_port_in_use_is_one_line(tmp_path, capsys):
 
 
 def test_it_binds_loopback_unless_told_otherwise(tmp_path):
-    from kernel_factory.evo.observers.mlflow import ui_command
+    from kernel_factory.evo.observers.mlflow_store import ui_command
     args = cli._parser().parse_args(["ui"])
     assert args.host == "127.0.0.1"
     argv = ui_command(tmp_path / "m.db", tmp_path / "a", host=args.host, port=5000)

@@ -1,56 +1,25 @@
 """MLflow tracking of evolutionary runs (a parent run per run, a child run per candidate), written from a background
-thread so that the loop never waits on SQLite. Only this module and the history reader (evo/prior.py, which also
-opens the store for it) import mlflow."""
+thread so that the loop never waits on SQLite. The store's plumbing (where, limits, the writer, the UI) is
+mlflow_store.py beside it."""
 from __future__ import annotations
 
 import functools
-from collections import Counter
 import json
-import logging
-import os
-import queue
-import re
 import sys
 import tempfile
-import threading
-import time
+from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from . import lineage, mlflow_view as view
+from .mlflow_store import (Metric, MlflowClient, Param, RunTag, TrackingError, Writer, batches, experiment_id,
+                           flatten, metrics_of, open_tracking, params_of, prepare_ui, safe_key, tags_of, tracking_uri)
 from .provenance import git_tags
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
 from ..evaluate import render
-from ..prior import open_store, read_table, search_all   # before mlflow: prior sets MLflow's environment defaults
+from ..prior import read_table, search_all
 from ..protocols import EvaluatorInfo, GenerationStats, Problem, RunInfo, RunSummary
 from ..types import Candidate, EvalResult, Status
-
-# MLflow reads this when it loads; a user's own setting wins.
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # log_table downloads; no bar in our console
-
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
-from mlflow.exceptions import MlflowException  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
-
-# A new store logs "Creating initial MLflow database tables..." at INFO from the writer thread, which would land in
-# the middle of the console observer's progress line; and every failed write logs its SQL and a traceback at ERROR
-# (tens of thousands of lines for a read-only store). The writer counts failures and reports them in one line.
-logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
-# The system metrics monitor says at INFO when it starts, stops and finds no GPU; only its warnings matter here.
-logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-
-# MLflow 3.17's limits (mlflow/utils/validation.py). Longer values would be truncated with a warning per value,
-# and an oversized log_batch is rejected as a whole, so we stay inside them ourselves.
-MAX_PARAM_VALUE = 6000
-MAX_TAG_VALUE = 8000
-MAX_KEY = 250
-MAX_METRICS_PER_BATCH = 1000
-MAX_PARAMS_OR_TAGS_PER_BATCH = 100
-MAX_ENTITIES_PER_BATCH = 1000
-
-# The server's background job runner costs ~1 GB of memory and nothing here uses it (api-notes 3c).
-UI_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 # Generations between lineage drawings on the parent run (lineage/), and one more at the end.
 LINEAGE_EVERY = 3
@@ -58,95 +27,6 @@ LINEAGE_EVERY = 3
 # The note an LLM operator leaves on its child: agent, model, tokens, cost and latency of the call (no key in it).
 LLM_USAGE_NOTE = "llm/usage.json"
 LLM_FIGURES = ("prompt_tokens", "completion_tokens", "cost_usd", "latency_s")
-
-# Metric, param and tag names may hold alphanumerics, _ - . / and space everywhere. MLflow also takes ":" except on
-# Windows, but an unquoted ":" breaks a search filter (`metrics.time_us.bfloat16:32768x256 < 6` is rejected), so a
-# case key "bfloat16:32768x256" becomes "bfloat16_32768x256": valid everywhere and queryable without backticks.
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/ ]")
-
-
-def safe_key(text: str) -> str:
-    """A metric/param/tag name MLflow accepts on every platform: unsafe characters become '_'."""
-    return _UNSAFE.sub("_", text)[:MAX_KEY]
-
-
-def tracking_uri(tracking: Any) -> str | None:
-    """The tracking URI a run writes to: the config's tracking.uri, else MLFLOW_TRACKING_URI, else None (the
-    SQLite file tracking.store, through open_store)."""
-    return tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
-
-
-def open_tracking(tracking: Any) -> tuple[MlflowClient, str]:
-    """A client on the run's tracking backend (see tracking_uri)."""
-    uri = tracking_uri(tracking)
-    if uri is None:
-        return open_store(tracking.store)
-    return MlflowClient(tracking_uri=uri), uri
-
-
-class TrackingError(ConfigError):
-    """The tracking store cannot be written (read-only, unreachable, broken): one line, raised at the run's start."""
-
-
-def ui_command(store: str | os.PathLike[str], artifacts: str | os.PathLike[str], host: str = "127.0.0.1",
-               port: int = 5000) -> list[str]:
-    """argv for the MLflow UI on our store; run it with UI_ENV added to the environment."""
-    return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{Path(store).resolve()}",
-            "--default-artifact-root", str(Path(artifacts).resolve()), "--host", host, "--port", str(port),
-            "--workers", "1"]
-
-
-def experiment_id(client: MlflowClient, name: str, artifacts: Path) -> str:
-    """The experiment's id, creating it with its artifact root on first use (MLflow fixes the root then)."""
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        try:
-            return client.create_experiment(name, artifact_location=artifacts.as_uri())
-        except MlflowException:
-            exp = client.get_experiment_by_name(name)   # another run against the same store won the race
-            if exp is None:
-                raise
-    if exp.artifact_location != artifacts.as_uri():
-        print(f"mlflow: experiment {name!r} keeps its artifact root {exp.artifact_location}; "
-              f"tracking.artifacts ({artifacts}) applies only to new experiments", file=sys.stderr)
-    return exp.experiment_id
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested config -> {"search.population": "24", ...}; non-string leaves as JSON, so None reads 'null'."""
-    out: dict[str, str] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value if isinstance(value, str) else json.dumps(value, default=str)
-    return out
-
-
-def batches(metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[RunTag]
-            ) -> Iterator[tuple[list[Metric], list[Param], list[RunTag]]]:
-    """Split one run's data into as few log_batch calls as MLflow's per-call limits allow (usually one)."""
-    metrics, params, tags = list(metrics), list(params), list(tags)
-    while metrics or params or tags:
-        p, params = params[:MAX_PARAMS_OR_TAGS_PER_BATCH], params[MAX_PARAMS_OR_TAGS_PER_BATCH:]
-        t, tags = tags[:MAX_PARAMS_OR_TAGS_PER_BATCH], tags[MAX_PARAMS_OR_TAGS_PER_BATCH:]
-        room = min(MAX_METRICS_PER_BATCH, MAX_ENTITIES_PER_BATCH - len(p) - len(t))
-        m, metrics = metrics[:room], metrics[room:]
-        yield m, p, t
-
-
-def _params(values: Mapping[str, str]) -> list[Param]:
-    return [Param(safe_key(k), v[:MAX_PARAM_VALUE]) for k, v in values.items()]
-
-
-def _tags(values: Mapping[str, str]) -> dict[str, str]:
-    return {safe_key(k): str(v)[:MAX_TAG_VALUE] for k, v in values.items()}
-
-
-def _metrics(values: Mapping[str, float], step: int) -> list[Metric]:
-    now = int(time.time() * 1000)
-    return [Metric(safe_key(k), float(v), now, step) for k, v in values.items()]
 
 
 def llm_usage(candidate: Candidate) -> dict[str, Any]:
@@ -169,40 +49,6 @@ def candidate_metrics(generation: int, result: EvalResult) -> dict[str, float]:
     return values
 
 
-class _Writer:
-    """One thread runs queued MLflow calls in order. A failing call is counted and the first one kept; the
-    calls after it still run, so one bad record never stops the rest (or the run)."""
-
-    def __init__(self) -> None:
-        self.jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self.failures = 0
-        self.first_error: BaseException | None = None
-        self.thread = threading.Thread(target=self._work, name="kf-mlflow-writer", daemon=True)
-        self.thread.start()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        self.jobs.put(job)
-
-    def drain(self) -> None:
-        self.jobs.join()
-
-    def close(self) -> None:
-        self.jobs.put(None)   # queued after every job, so they all run first
-        self.thread.join()
-
-    def _work(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            try:
-                job()
-            except Exception as exc:   # noqa: BLE001 - recorded and reported in on_end, never fatal to the run
-                self.failures += 1
-                if self.first_error is None:
-                    self.first_error = exc
-            finally:
-                self.jobs.task_done()
-        self.jobs.task_done()
-
-
 class MlflowObserver:
     """Observer that mirrors a run into MLflow. Every method only enqueues work, except on_generation and on_end,
     which wait for it so that the store is consistent at generation boundaries."""
@@ -218,7 +64,7 @@ class MlflowObserver:
         self.child_runs = config.tracking.child_runs
         self.nonzero: set[str] = set()    # parent metrics that were ever non-zero (zero-only ones are not logged)
         self.child_ids: dict[str, str] = {}   # candidate id -> its child run (child_runs only)
-        self.writer: _Writer | None = None
+        self.writer: Writer | None = None
         self.run: RunInfo | None = None
         # Set and used on the writer thread only.
         self.client: MlflowClient | None = None
@@ -233,7 +79,7 @@ class MlflowObserver:
 
     def on_start(self, run: RunInfo) -> None:
         self.run = run
-        self.writer = _Writer()
+        self.writer = Writer()
         self.writer.submit(self._start)
         self.writer.drain()   # a store that cannot be written fails here, once, before anything is evaluated
         if self.writer.first_error is None:
@@ -316,11 +162,11 @@ class MlflowObserver:
         parents = self.client.search_runs([self.experiment_id], view.PARENTS_FILTER, max_results=1000)
         tags |= {view.COLOUR_TAG: view.colour(len(parents)), view.NOTE_TAG: self._description(None)}
         name = view.run_name(run.seed, len(warm_runs), run.run_id)
-        parent = self.client.create_run(self.experiment_id, run_name=name, tags=_tags(tags))
+        parent = self.client.create_run(self.experiment_id, run_name=name, tags=tags_of(tags))
         self.parent_id = parent.info.run_id
         self._monitor(uri)
         params = flatten(run.config) | {"seed": str(run.seed)}
-        self._log_batch(self.parent_id, params=_params(params))
+        self._log_batch(self.parent_id, params=params_of(params))
         self.client.log_text(self.parent_id, json.dumps(run.config, indent=2, default=str), "config.json")
 
     def _monitor(self, uri: str) -> None:
@@ -380,14 +226,14 @@ class MlflowObserver:
                                + (f"; parents {', '.join(links)}" if links else "") + "; the parent run's "
                                f"`{view.TABLE}` holds its gene diff against its parent")
         run_id = self.client.create_run(self.experiment_id, run_name=f"cand-{candidate.id[:8]}",
-                                        tags=_tags(tags)).info.run_id
+                                        tags=tags_of(tags)).info.run_id
         self.child_ids[candidate.id] = run_id
         try:
             params = {f"gene.{name}": str(value) for name, value in candidate.genome.genes}
             params["patch"] = ",".join(name for name, _ in candidate.genome.patch) or "none"
             values = candidate_metrics(generation, result) | {f"llm.{k}": usage[k] for k in LLM_FIGURES if usage}
             values = {k: v for k, v in values.items() if v or k in ("fitness", "generation")}
-            self._log_batch(run_id, _metrics(values, 0), _params(params))
+            self._log_batch(run_id, metrics_of(values, 0), params_of(params))
             for name, text in self._candidate_files(candidate, result):
                 self.client.log_text(run_id, text, name)
         except Exception:
@@ -418,7 +264,7 @@ class MlflowObserver:
         values.update({f"op_prob.{name}": p for name, p in stats.operator_probs.items()})
         values["lessons"] = stats.lessons
         values.update(llm)
-        self._log_batch(self.parent_id, _metrics(self._once_nonzero(values), stats.generation))
+        self._log_batch(self.parent_id, metrics_of(self._once_nonzero(values), stats.generation))
 
     def _once_nonzero(self, values: Mapping[str, float]) -> dict[str, float]:
         """A metric is logged from its first non-zero value on: one that stays zero is not logged at all, and
@@ -466,8 +312,8 @@ class MlflowObserver:
         tags = {"kf.stop_reason": summary.stop_reason, "kf.best_candidate_id": best[0].id if best else "none"}
         graph = self._graph(self.seen, best[0].id if best else None)
         tags[view.NOTE_TAG] = self._description(graph, failures)
-        self._log_batch(self.parent_id, _metrics(values, summary.generations),
-                        tags=[RunTag(k, v) for k, v in _tags(tags).items()])
+        self._log_batch(self.parent_id, metrics_of(values, summary.generations),
+                        tags=[RunTag(k, v) for k, v in tags_of(tags).items()])
         warm = len(set(self.run.warm_start_from.values()))
         self.client.update_run(self.parent_id, name=view.run_name(self.run.seed, warm, self.run.run_id,
                                                                   best[1].fitness if best else None))
@@ -497,37 +343,6 @@ class MlflowObserver:
                 for name, text in self._candidate_files(cand, res):
                     if name.startswith(("kernel-", "ptxas-")):
                         self.client.log_text(self.parent_id, text, f"kernels/{node}/{name}")
-
-
-def prepare_ui(client: MlflowClient, experiment_id: str, problem: str) -> None:
-    """The experiment's UI tags: open in the training-runs view, the start link's saved view, a description."""
-    tags = {view.KIND_TAG: view.KIND, view.VIEW_TAG: json.dumps(view.view_state()),
-            view.NOTE_TAG: view.experiment_description(problem)}
-    for key, value in tags.items():
-        client.set_experiment_tag(experiment_id, key, value)
-
-
-def ui_links(store: str | os.PathLike[str], base_url: str) -> list[tuple[str, str]]:
-    """(experiment name, start link) for each experiment of the store that holds runs of the factory, after
-    setting its UI tags (stores made before these tags existed get them here)."""
-    client, _ = open_store(store)
-    out = []
-    for exp in client.search_experiments():
-        parents = client.search_runs([exp.experiment_id], view.PARENTS_FILTER, max_results=1)
-        if parents:
-            prepare_ui(client, exp.experiment_id, parents[0].data.tags.get("kf.problem", exp.name))
-            out.append((exp.name, view.start_link(base_url, exp.experiment_id)))
-    return out
-
-
-def kf_run_id(store: str | os.PathLike[str], mlflow_run_id: str) -> str | None:
-    """The factory's run id of the parent run with this MLflow run id, or None (no such run, or not a parent)."""
-    if not re.fullmatch(r"[0-9a-f]{32}", mlflow_run_id):
-        return None
-    try:
-        return open_store(store)[0].get_run(mlflow_run_id).data.tags.get("kf.run_id")
-    except MlflowException:
-        return None
 
 
 def accounting_metrics(books: Mapping[str, Any]) -> dict[str, float]:

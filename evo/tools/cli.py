@@ -223,7 +223,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     run_id = args.run_id
     path = Path(args.runs) / run_id / "journal.jsonl"
     if not path.is_file() and Path(args.store).is_file():
-        from ..observers.mlflow import kf_run_id
+        from ..observers.mlflow_store import kf_run_id
         run_id = kf_run_id(args.store, run_id) or run_id   # an MLflow run id, as the UI shows it
         path = Path(args.runs) / run_id / "journal.jsonl"
     if not path.is_file():
@@ -403,7 +403,7 @@ def cmd_genes(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from ..observers.mlflow import ui_command, ui_links
+    from ..observers.mlflow_store import UI_ENV, ui_command, ui_links
     if not Path(args.store).is_file():
         raise ConfigError(f"no run store at {args.store!r}: run `kernel-factory run CONFIG` first, or pass --store")
     from .ui import serve
@@ -411,7 +411,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print(f"store {args.store}", file=sys.stderr)
     for name, link in ui_links(args.store, f"http://{args.host}:{args.port}"):   # the runs, ready to compare
         print(f"start here ({name}): {link}", file=sys.stderr, flush=True)
-    return serve(argv, args.host, args.port, {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    return serve(argv, args.host, args.port, {**os.environ, **UI_ENV})
 
 
 class _Stderr(logging.StreamHandler):

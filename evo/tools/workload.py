@@ -238,7 +238,7 @@ def track(cfg: RunConfig, campaign: str, folder: Path, p: Plan, mlflow_run: str 
     its counts as params; closed with the learned table and the held-out report. None when MLflow is off."""
     if "mlflow" not in cfg.observers:
         return None
-    from ..observers.mlflow import experiment_id, open_tracking
+    from ..observers.mlflow_store import experiment_id, open_tracking
     client, _ = open_tracking(cfg.tracking)
     if mlflow_run is None:
         exp = experiment_id(client, cfg.tracking.experiment or cfg.problem, Path(cfg.tracking.artifacts).resolve())
