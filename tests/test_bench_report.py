@@ -3,7 +3,7 @@ geomeans, the repeat spread, unavailable and failing providers, CSV, PNG and the
 import json
 import math
 
-from kernel_factory.evo.tools import bench_report, cli
+from kernel_factory.evo.tools import bench_report, cli, exits
 from kernel_factory.evo.tools.bench import SUBJECT
 
 
@@ -107,7 +107,7 @@ def test_a_bench_stopped_by_sigterm_keeps_the_cases_it_measured(tmp_path, monkey
         time.sleep(5)
         raise AssertionError("SIGTERM did not stop the bench")
     monkeypatch.setattr(bench, "run", fake_run)
-    assert cli.main(["bench", "--table", "t.json", "--out", str(tmp_path), "--stem", "b"]) == cli.EXIT_TERMINATED
+    assert cli.main(["bench", "--table", "t.json", "--out", str(tmp_path), "--stem", "b"]) == exits.EXIT_TERMINATED
     assert seen == [1, 2]
     err = capsys.readouterr().err
     assert "interrupted; the report covers what was measured (2 of 3 cases)" in err
@@ -125,6 +125,6 @@ def test_a_bench_stopped_before_its_first_case_writes_nothing(tmp_path, monkeypa
     def fake_run(*args, **kw):
         raise KeyboardInterrupt
     monkeypatch.setattr(bench, "run", fake_run)
-    assert cli.main(["bench", "--table", "t.json", "--out", str(tmp_path)]) == cli.EXIT_INTERRUPTED
+    assert cli.main(["bench", "--table", "t.json", "--out", str(tmp_path)]) == exits.EXIT_INTERRUPTED
     assert "before its first case was measured; nothing written" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []

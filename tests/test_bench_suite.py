@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernel_factory.evo.tools import bench, bench_report, bench_suite, cli
+from kernel_factory.evo.tools import bench, bench_report, bench_suite, cli, exits
 from kernel_factory.evo.tools.bench import SUBJECT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def test_a_suite_stopped_in_its_second_part_keeps_the_first(tmp_path, monkeypatc
         return full
     monkeypatch.setattr(bench, "run", run)
     path = suite_file(tmp_path, two_parts())
-    assert cli.main(["bench", "--suite", str(path), "--out", str(tmp_path), "--stem", "s"]) == cli.EXIT_INTERRUPTED
+    assert cli.main(["bench", "--suite", str(path), "--out", str(tmp_path), "--stem", "s"]) == exits.EXIT_INTERRUPTED
     assert "the report covers what was measured (1 of 2 parts in full)" in capsys.readouterr().err
     result = json.loads((tmp_path / "s.json").read_text())
     assert [len(p["rows"]) for p in result["parts"]] == [4, 1] and result["parts"][1]["partial"] == "1 of 2 cases"

@@ -14,7 +14,7 @@ from kernel_factory.evo.journal import records as journal_records
 from kernel_factory.evo.observers import journal
 from kernel_factory.evo.prior import open_store
 from kernel_factory.evo.run import execute
-from kernel_factory.evo.tools import cli
+from kernel_factory.evo.tools import cli, exits
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_a_read_only_mlflow_store_fails_once_clearly_or_runs_on_the_journal_when
 
 # ---- 2. an interrupted run keeps what it measured ---------------------------------------------------------------
 
-@pytest.mark.parametrize("signal_exc, code", [(KeyboardInterrupt, 130), (cli.Terminated, 143)])
+@pytest.mark.parametrize("signal_exc, code", [(KeyboardInterrupt, 130), (exits.Terminated, 143)])
 def test_an_interrupted_run_keeps_its_measurements(tmp_path, run_yaml, capsys, monkeypatch, signal_exc, code):
     from kernel_factory.evo.evaluate.replay import ReplayEvaluator
     evaluate, batches = ReplayEvaluator.evaluate, []

@@ -20,16 +20,16 @@ TREE = textwrap.dedent("""
     open(sys.argv[1], "w").write(f"{__import__('os').getpid()} {child.pid}")
     time.sleep(600)
 """)
-# Runs ui.serve as the CLI does: SIGTERM raises cli.Terminated inside it.
+# Runs ui.serve as the CLI does: SIGTERM raises exits.Terminated inside it.
 DRIVER = textwrap.dedent("""
     import sys
-    from kernel_factory.evo.tools import cli, ui
+    from kernel_factory.evo.tools import cli, exits, ui
     cli.setup_logging()
     try:
-        with cli.sigterm_as_interrupt():
+        with exits.sigterm_as_interrupt():
             ui.serve([sys.executable, "-c", sys.argv[1], sys.argv[2]], "127.0.0.1", int(sys.argv[3]))
     except KeyboardInterrupt as exc:
-        sys.exit(cli.interrupt_code(exc))
+        sys.exit(exits.interrupt_code(exc))
 """)
 
 
