@@ -62,3 +62,23 @@ def test_templates_inline_their_local_headers(tmp_path, monkeypatch):
     (tmp_path / "a.cuh").write_text('#include "gone.cuh"\n')
     with pytest.raises(templates.TemplateError, match=r"template 'a.cuh' needs 'gone.cuh', which is not in"):
         templates.read("k.cu")
+
+
+def test_the_gpu_tests_wrong_kernel_edits_apply_to_todays_template_and_compile(rmsnorm):
+    """tests/gpu/test_gpu_evaluator.py makes wrong kernels by editing the template's second_pass region; an edit
+    that no longer matches the template fails there only on a GPU host. Here: each edit applies, changes the
+    source, and the patched kernel compiles with NVRTC."""
+    import importlib.util
+    from pathlib import Path
+    from kernel_factory.evo.evaluate.compile import CompileJob, compile_one
+    path = Path(__file__).parent / "gpu" / "test_gpu_evaluator.py"
+    spec = importlib.util.spec_from_file_location("gpu_evaluator_tests", path)
+    gpu_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_tests)
+    body = regions_of(rmsnorm.template())["second_pass"]
+    for name, (old, new) in gpu_tests.WRONG_EDITS.items():
+        edited = gpu_tests.second_pass(rmsnorm, old, new)
+        assert edited != body, name
+        cand = gpu_tests.patched(rmsnorm, "second_pass", edited)
+        out = compile_one(CompileJob(name, render.render(rmsnorm, cand, "bfloat16"), f"{name}.cu"))
+        assert out.error is None and out.cubin, (name, out.error)

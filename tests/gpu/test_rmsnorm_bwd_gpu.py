@@ -160,6 +160,10 @@ def test_corners_pass_the_gate_on_benchmark_rows(built, bench, case):
 
 def test_live_evaluator_checks_and_times_a_spread(built, tmp_path):
     from kernel_factory.evo.evaluate.gpu import GpuEvaluator
+    from kernel_factory.evo.evaluate.worker import release_memory
+    # The gate tests before this one ran wide cases in this process: torch's caching allocator still holds that
+    # memory, and the evaluator's worker (another process) needs it for its input sets.
+    release_memory()
     p = problem()
     names = ["default", *CORNERS, "random0", "random1", "random2"]
     cands = {n: Candidate(Genome.of(built[n][0]), operator="test") for n in names}
