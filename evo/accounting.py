@@ -56,6 +56,7 @@ def of(evaluator: Any, pairs: Sequence[tuple[Candidate, EvalResult]], wall_s: fl
         "timed": timed, "wall_s": round(wall_s, 3),
         "timed_per_gpu_minute": timed / (busy / 60) if busy > 0 else 0.0,
         "timed_per_held_gpu_minute": timed / (len(workers) * wall_s / 60) if wall_s > 0 and timed else 0.0,
+        **({"baseline": dict(books["baseline"])} if books.get("baseline") else {}),
     }
 
 

@@ -128,6 +128,7 @@ class End:
     logbook: tuple[Mapping[str, Any], ...] = ()
     timed_per_gpu_minute: float = 0.0
     finalists: tuple[Finalist, ...] = ()
+    accounting: Mapping[str, Any] = field(default_factory=dict)   # accounting.of(): GPU time, compiles, baseline
 
     @staticmethod
     def json_of(summary: RunSummary) -> dict[str, Any]:
@@ -137,7 +138,8 @@ class End:
                 "best": summary.best[0].id if summary.best else None,
                 "hall_of_fame": [c.id for c, _ in summary.hall_of_fame],
                 "logbook": [dict(row) for row in summary.logbook],
-                "timed_per_gpu_minute": summary.timed_per_gpu_minute, "finalists": list(summary.finalists)}
+                "timed_per_gpu_minute": summary.timed_per_gpu_minute, "finalists": list(summary.finalists),
+                "accounting": dict(summary.accounting)}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "End":
@@ -145,7 +147,7 @@ class End:
                    float(d["gpu_s"]), None if d["best"] is None else str(d["best"]),
                    tuple(d.get("hall_of_fame", ())), tuple(dict(r) for r in d.get("logbook", ())),
                    float(d.get("timed_per_gpu_minute", 0.0)),
-                   tuple(Finalist.from_json(f) for f in d.get("finalists", ())))
+                   tuple(Finalist.from_json(f) for f in d.get("finalists", ())), dict(d.get("accounting") or {}))
 
 
 def generation_json(stats: GenerationStats) -> dict[str, Any]:
@@ -178,7 +180,8 @@ def _result(d: Mapping[str, Any], kind: type = Result) -> Result:
 
 def _end(d: Mapping[str, Any]) -> End:
     return End.from_json(_keys(d, {"generations", "evaluations", "stop_reason", "wall_s", "gpu_s", "best"},
-                               {"hall_of_fame", "logbook", "timed_per_gpu_minute", "finalists"}, "end"))
+                               {"hall_of_fame", "logbook", "timed_per_gpu_minute", "finalists", "accounting"},
+                               "end"))
 
 
 Event = Union[Start, Resume, Result, GenerationStats, End]

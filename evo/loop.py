@@ -24,6 +24,7 @@ from typing import Sequence
 from deap import base, tools
 
 from . import accounting
+from .agreement import agreement
 from .config import SearchConfig, StopConfig
 from .history import History, Record
 from .protocols import Evaluator, GenerationStats, Observer, Retimes, RunSummary, throughput
@@ -242,4 +243,5 @@ def retime_finalists(evaluator: Evaluator, state: RunState, search: SearchConfig
     chosen = [i.candidate for i in list(state.hof)[:search.finalists] if i.result.fitness > 0]
     if search.per_case_elites:
         chosen += [c for c in case_champions(list(state.seen.values())) if c not in chosen]
-    return tuple(evaluator.retime(chosen))
+    return tuple(agreement(rec, state.seen[rec["candidate_id"]].result) if rec["candidate_id"] in state.seen
+                 else rec for rec in evaluator.retime(chosen))

@@ -93,7 +93,8 @@ class WorkerHandle:
         if msg["op"] != "ready":
             raise WorkerError(f"the GPU worker failed during setup:\n{msg.get('message', msg)}")
         self.ready = msg
-        self.setup = {**self.setup, "baseline_us": msg["baseline_us"], "copy_gbps": msg["copy_gbps"]}
+        self.setup = {**self.setup, "baseline_us": msg["baseline_us"], "copy_gbps": msg["copy_gbps"],
+                      "eager_cases": msg.get("eager_cases", [])}
 
     def _kill(self) -> None:
         if self.proc.is_alive():
@@ -119,6 +120,8 @@ class WorkerHandle:
             self._restart()
             return {"status": Status.CRASHED.value, "gpu_s": 0.0,
                     "message": f"the GPU worker died (exit code {code}) while running this candidate"}
+        if request.get("op") == "eval" and reply.get("baseline_us"):
+            self.setup["baseline_us"] = reply["baseline_us"]   # a restart adopts the latest measurement
         if reply.get("fatal"):
             self._restart()
         return reply
@@ -138,7 +141,11 @@ class WorkerHandle:
 
 class GpuEvaluator:
     """Evaluates on the local GPU. Options (config `evaluator.gpu`): compile_workers, check_seeds, timeout_floor_s,
-    min_reps, max_reps, target_ms, graph_below_us, finalist_reps.
+    min_reps, max_reps, target_ms, graph_below_us, finalist_reps, baseline_every_s.
+
+    The baseline is timed by the worker exactly as a candidate is, at setup (after a discarded first pass) and again
+    every baseline_every_s seconds between candidates; each fitness is taken against the latest measurement, and
+    every measurement is kept in the run's books (accounting()["baseline"]).
 
     A patched genome passes static_check first (invalid_patch / rejected are never compiled), and its SASS is
     scanned for clock and SM-id reads before it may run. A candidate whose binaries and genes equal those of one
@@ -149,7 +156,10 @@ class GpuEvaluator:
     def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
                  compile_workers: int | None = None, check_seeds: int = 2, timeout_floor_s: float = 10.0,
                  min_reps: int = 5, max_reps: int = 50, target_ms: float = 1.5, graph_below_us: float = 0.0,
-                 finalist_reps: int = 100):
+                 finalist_reps: int = 100, baseline_every_s: float = 20.0):
+        if not baseline_every_s >= 0:
+            raise ConfigError(f"config key 'evaluator.gpu.baseline_every_s' must be >= 0 seconds (0: the baseline is "
+                              f"timed at setup only), got {baseline_every_s}")
         if check_seeds < 2:
             raise ConfigError(f"config key 'evaluator.gpu.check_seeds' must be >= 2 (the second seed checks a repeated "
                               f"call on the same buffers), got {check_seeds}")
@@ -170,10 +180,11 @@ class GpuEvaluator:
             "check_cases": [Case(s, dt).key for dt in self.dtypes for s in check_shapes],
             "timing": {"min_reps": min_reps, "max_reps": max_reps, "target_ms": target_ms,
                        "graph_below_us": graph_below_us},
-            "known_good": known_good,
+            "known_good": known_good, "baseline_every_s": baseline_every_s,
         })
         ready = self.worker.ready
         self.baseline_us: dict[str, float] = ready["baseline_us"]
+        self.baselines = BaselineLog(ready["baseline_us"])
         self.copy_gbps: float = ready["copy_gbps"]
         fp = {**ready["fingerprint"], "copy_gbps": f"{self.copy_gbps:.0f}", "baseline": baseline}
         self.info = EvaluatorInfo("gpu", f"live measurement on {fp['gpu']}", fp)
@@ -281,7 +292,9 @@ class GpuEvaluator:
         status = Status(reply["status"])
         times = reply.get("times_us", {}) if status is Status.OK else {}
         gbps = {k: self.problem.bytes_moved(Case.parse(k)) / (t * 1e-6) / 1e9 for k, t in times.items()}
-        # Against the baseline measured by the worker that timed it (one per GPU under workers.backend local/ray).
+        # Against the latest baseline measured by the worker that timed it (one per GPU under workers.backend
+        # local/ray), re-timed between candidates.
+        self.baselines.note(reply)
         base = reply.get("baseline_us") or self.baseline_us
         fitness = geomean_speedup(times, {k: base[k] for k in times}) if times else 0.0
         message = reply.get("message", "")
@@ -320,9 +333,38 @@ class GpuEvaluator:
     def restarts(self) -> int:
         return self.worker.restarts
 
+    def accounting(self) -> dict[str, Any]:
+        return {"baseline": self.baselines.books()}
+
     def close(self) -> None:
         self.worker.close()
         self.compiler.close()
+
+
+class BaselineLog:
+    """Every measurement of the baseline during a run: the setup's, then each re-time between candidates, with its
+    GPU cost, so that the summary can say how far the baseline moved (drift that a single measurement would have
+    folded into every candidate's fitness)."""
+
+    def __init__(self, first: Mapping[str, float]):
+        self.first = dict(first)
+        self.geomeans = [geomean_speedup(self.first, self.first)]   # each measurement's geomean relative to the first
+        self.gpu_s = 0.0
+        self.errors: list[str] = []
+
+    def note(self, reply: Mapping[str, Any]) -> None:
+        if reply.get("baseline_retimed_us"):
+            fresh = reply["baseline_retimed_us"]
+            keys = [k for k in fresh if k in self.first]
+            # geomean of fresh / first: geomean_speedup(times, base) is base / times per case
+            self.geomeans.append(geomean_speedup({k: self.first[k] for k in keys}, {k: fresh[k] for k in keys}))
+            self.gpu_s += float(reply.get("baseline_gpu_s", 0.0))
+        if reply.get("baseline_error"):
+            self.errors.append(str(reply["baseline_error"]))
+
+    def books(self) -> dict[str, Any]:
+        return {"measurements": len(self.geomeans), "gpu_s": round(self.gpu_s, 3),
+                "relative_to_first": [round(g, 4) for g in self.geomeans], "errors": self.errors[:5]}
 
 
 def timer_reads(cubins: Mapping[str, bytes]) -> str | None:

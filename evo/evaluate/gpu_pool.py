@@ -157,7 +157,7 @@ class PooledGpuEvaluator(GpuEvaluator):
 
     def accounting(self) -> dict[str, Any]:
         return {"backend": self.workers_cfg.backend, "simulated": False, "compile_s": self.compiler.compile_s,
-                "compiled": self.compiler.compiled, **self.pool.accounting()}
+                "compiled": self.compiler.compiled, **self.pool.accounting(), **super().accounting()}
 
 
 # The config's `evaluator.gpu` options are checked against the constructor's signature (build.construct): show

@@ -49,6 +49,7 @@ class Timing:
     reps: int
     last: int = 0          # which of the rotated callables ran last (its outputs are the ones left in memory)
     graph: bool = False    # timed as CUDA-graph replays (no host launch overhead inside the events)
+    uncaptured: bool = False   # short enough for a graph, but capture failed: timed eagerly
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,9 @@ def quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def summarize(samples_us: list[float], last: int = 0, graph: bool = False) -> Timing:
+def summarize(samples_us: list[float], last: int = 0, graph: bool = False, uncaptured: bool = False) -> Timing:
     s = sorted(samples_us)
-    return Timing(quantile(s, 0.5), quantile(s, 0.75) - quantile(s, 0.25), len(s), last, graph)
+    return Timing(quantile(s, 0.5), quantile(s, 0.75) - quantile(s, 0.25), len(s), last, graph, uncaptured)
 
 
 class Timer:
@@ -122,19 +123,22 @@ class Timer:
             return None
         return [g.replay for g in graphs]
 
-    def time(self, fns: Callable[[], Any] | Sequence[Callable[[], Any]]) -> Timing:
+    def time(self, fns: Callable[[], Any] | Sequence[Callable[[], Any]], graphs: bool = True) -> Timing:
+        """Median of event-timed samples; a short call is captured in a CUDA graph first unless `graphs` is False
+        (so that a candidate is timed eagerly wherever its baseline could not be captured: the same rule for both)."""
         fns = [fns] if callable(fns) else list(fns)
         estimate = self.estimate_us(fns[0])
-        graph = False
-        if estimate < self.policy.graph_below_us:
+        graph = uncaptured = False
+        if graphs and estimate < self.policy.graph_below_us:
             replays = self.graphed(fns)
+            uncaptured = replays is None
             if replays is not None:
                 fns, graph = replays, True
                 estimate = self.estimate_us(fns[0])
         reps = self.reps_for(estimate)
         pairs = [self._sample(fns[i % len(fns)]) for i in range(reps)]
         self.torch.cuda.synchronize()
-        return summarize([s.elapsed_time(e) * 1e3 for s, e in pairs], (reps - 1) % len(fns), graph)
+        return summarize([s.elapsed_time(e) * 1e3 for s, e in pairs], (reps - 1) % len(fns), graph, uncaptured)
 
     def time_interleaved(self, fns: Sequence[Callable[[], Any]], reps: int) -> list[Timing]:
         """Several callables interleaved sample by sample (A B C A B C ...), each after its own flush: drift in

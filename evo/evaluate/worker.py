@@ -103,6 +103,14 @@ class Bench:
         self.check_seeds = int(setup.get("check_seeds", 2))
         self.pools: dict[str, Pool] = {}
         self.copy_gbps = 0.0
+        # The baseline: measured at setup and again every baseline_every_s seconds while candidates run (clocks and
+        # temperature drift: a baseline timed once, on a GPU that had sat idle through a compile, flattered every
+        # candidate after it). Cases whose baseline cannot be captured in a CUDA graph are timed eagerly for
+        # candidates too.
+        self.baseline_every_s = float(setup.get("baseline_every_s", 0.0))
+        self.baseline_us: dict[str, float] = {}
+        self.baseline_at = 0.0
+        self.eager_cases: set[str] = set(setup.get("eager_cases", ()))
 
     def pool(self, case: Case) -> Pool:
         if case.key not in self.pools:
@@ -165,7 +173,7 @@ class Bench:
         outs = pool.guarded.views
         fns = [self.prepare(module, genes, case, inputs, outs) for inputs in pool.inputs]
         gate.poison(outs)
-        timing = run_timed(self.timer, fns)
+        timing = run_timed(self.timer, fns, graphs=case.key not in self.eager_cases)
         self.sync()
         last = pool.inputs[timing.last]
         self.verify_sample(case, last, outs, "timed output", rng)
@@ -238,12 +246,32 @@ class Bench:
             return {"status": exc.status.value, "message": str(exc)[:4000]}
         return {"status": Status.OK.value, "message": "", "reps": reps, **out}
 
-    def baseline_times(self) -> dict[str, float]:
+    def time_baseline(self) -> dict[str, float]:
+        """Each benchmark case's baseline timed as a candidate is: the same timer (warm-up, an L2 flush before every
+        sample, repetitions), rotating over the case's input sets, under the same graph rule."""
         out = {}
         for case in self.bench_cases:
-            fn = self.problem.baseline(self.baseline, case, self.pool(case).inputs[0])
-            out[case.key] = self.timer.time(fn).median_us
+            fns = [self.problem.baseline(self.baseline, case, inputs) for inputs in self.pool(case).inputs]
+            timing = run_timed(self.timer, fns, graphs=case.key not in self.eager_cases)
+            if timing.uncaptured:
+                self.eager_cases.add(case.key)
+            out[case.key] = timing.median_us
+        self.baseline_us, self.baseline_at = out, time.perf_counter()
         return out
+
+    def baseline_due(self) -> bool:
+        return self.baseline_every_s > 0 and time.perf_counter() - self.baseline_at >= self.baseline_every_s
+
+    def retime_baseline(self) -> dict[str, Any]:
+        """The baseline measured again between candidates; the reply's fields say what it found and cost. A failure
+        keeps the last measurement and says why."""
+        begin = time.perf_counter()
+        try:
+            fresh = self.time_baseline()
+        except Exception as exc:
+            self.baseline_at = time.perf_counter()   # not again before the next interval
+            return {"baseline_error": f"{type(exc).__name__}: {exc}"[:500]}
+        return {"baseline_retimed_us": fresh, "baseline_gpu_s": time.perf_counter() - begin}
 
 
 def classify(text: str) -> Exception:
@@ -261,9 +289,9 @@ def is_fatal(text: str) -> bool:
     return any(marker in text for marker in FATAL_MARKERS)
 
 
-def run_timed(timer: measure.Timer, fns) -> measure.Timing:
+def run_timed(timer: measure.Timer, fns, graphs: bool = True) -> measure.Timing:
     try:
-        return timer.time(fns)
+        return timer.time(fns, graphs)
     except Exception as exc:
         raise Fatal(f"{type(exc).__name__}: {exc}") from exc
 
@@ -274,14 +302,18 @@ def start(msg: Mapping[str, Any]) -> tuple[Bench, dict[str, Any]]:
     allocate_pools(bench.pool, bench.bench_cases, bench.torch.cuda.get_device_properties(0).total_memory)
     before = measure.clocks()
     bench.copy_gbps = msg.get("copy_gbps") or measure.copy_bandwidth_gbps(bench.timer)
-    baseline = msg.get("baseline_us") or bench.baseline_times()
+    if msg.get("baseline_us"):   # a restart: the last measurement of the worker it replaces
+        bench.baseline_us, bench.baseline_at = dict(msg["baseline_us"]), time.perf_counter()
+    else:
+        bench.time_baseline()   # a first pass compiles (torch.compile, Triton), autotunes and brings the clocks up
+        bench.time_baseline()   # the measurement
     good = msg.get("known_good")
     if good:
         reply = bench.evaluate({**good, "check_only": True, "seed": random.randrange(2**31)})
         if reply["status"] != Status.OK.value:
             raise RuntimeError(f"the known-good kernel failed the gate on this worker: {reply['message']}")
-    return bench, {"op": "ready", "baseline_us": baseline, "copy_gbps": bench.copy_gbps,
-                   "fingerprint": measure.fingerprint({"clocks_at_setup": before})}
+    return bench, {"op": "ready", "baseline_us": bench.baseline_us, "eager_cases": sorted(bench.eager_cases),
+                   "copy_gbps": bench.copy_gbps, "fingerprint": measure.fingerprint({"clocks_at_setup": before})}
 
 
 def release_memory() -> None:
@@ -316,6 +348,7 @@ def serve(conn) -> None:
                 conn.send({"op": "error", "message": traceback.format_exc()[-4000:]})
                 return
             continue
+        extra = bench.retime_baseline() if msg["op"] == "eval" and bench.baseline_due() else {}
         begin = time.perf_counter()
         fatal = False
         try:
@@ -326,7 +359,9 @@ def serve(conn) -> None:
             text = f"{type(exc).__name__}: {exc}"
             fatal = is_fatal(text)
             reply = {"status": Status.CRASHED.value, "message": text[:2000]}
-        reply.update(op="result", id=msg["id"], gpu_s=time.perf_counter() - begin, fatal=fatal)
+        reply.update(op="result", id=msg["id"], gpu_s=time.perf_counter() - begin, fatal=fatal, **extra)
+        if msg["op"] == "eval":
+            reply["baseline_us"] = bench.baseline_us   # the fitness is taken against the latest measurement
         conn.send(reply)
         if fatal:
             return

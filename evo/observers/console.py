@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from ..accounting import headline
 from ..protocols import GenerationStats, RunInfo, RunSummary
@@ -79,16 +79,46 @@ class ConsoleObserver:
                         f"{recorded}GPU-minute ({summary.gpu_s:.1f} {recorded}GPU-s; reused answers not counted)")
         if headline(summary.accounting):
             self._print(headline(summary.accounting))
+        if baseline_line(summary.accounting):
+            self._print(baseline_line(summary.accounting))
         for f in summary.finalists:
-            if "speedup" in f:
-                self._print(f"finalist {f['candidate_id']}: {f['speedup']:.4f}x vs baseline, re-timed interleaved "
-                            f"A/B, {f['reps']} samples per case")
-            else:
-                self._print(f"finalist {f['candidate_id']}: re-timing failed ({f['status']}): {f['message'][:200]}")
+            self._print(finalist_line(f))
         if summary.best is None:
             self._print("no candidate passed correctness")
             return
         cand, res = summary.best
-        print(f"best {cand.id}: fitness {res.fitness:.4f}x vs baseline (geomean over "
-              f"{len(res.times_us)} cases) genes {cand.genome.gene_dict}"
+        ab = next((f for f in summary.finalists if f["candidate_id"] == cand.id and "speedup" in f), None)
+        if ab is None:
+            figure = f"fitness {res.fitness:.4f}x vs baseline (geomean over {len(res.times_us)} cases)"
+        else:   # the A/B re-time is the figure a run reports; the search's own is beside it
+            figure = (f"fitness {ab['speedup']:.4f}x vs baseline (A/B re-time, geomean over {len(ab['times_us'])} "
+                      f"cases; the search measured {res.fitness:.4f}x"
+                      + ("" if ab.get("agrees", True) else ", off by more than the noise") + ")")
+        print(f"best {cand.id}: {figure} genes {cand.genome.gene_dict}"
               + (f" [{self.replay}]" if self.replay else ""), file=self.results or sys.stdout, flush=True)
+
+
+def finalist_line(f: Mapping[str, Any]) -> str:
+    """A finalist's A/B re-time, with the search's figure beside it and a warning when they disagree."""
+    if "speedup" not in f:
+        return f"finalist {f['candidate_id']}: re-timing failed ({f['status']}): {f['message'][:200]}"
+    line = (f"finalist {f['candidate_id']}: {f['speedup']:.4f}x vs baseline, re-timed interleaved A/B, "
+            f"{f['reps']} samples per case")
+    if "search_fitness" in f:
+        line += (f"; the search measured {f['search_fitness']:.4f}x (A/B / search {f['ab_over_search']:.3f}, "
+                 f"noise +-{f['noise']:.1%})")
+        if not f["agrees"]:
+            line += ("; WARNING: they differ by more than the noise: this run's search fitness is not to be "
+                     "trusted, the A/B figure is the one reported")
+    return line
+
+
+def baseline_line(books: Mapping[str, Any]) -> str:
+    """How far the baseline moved between its measurements during the run ("" for one measurement)."""
+    base = books.get("baseline") or {}
+    rel = base.get("relative_to_first") or []
+    if len(rel) < 2:
+        return ""
+    return (f"baseline: measured {len(rel)} times ({base['gpu_s']:.1f} GPU-s after setup); its geomean ranged "
+            f"{min(rel):.3f} to {max(rel):.3f} of the first measurement, last {rel[-1]:.3f}"
+            + (f"; {len(base['errors'])} re-time(s) failed: {base['errors'][0][:200]}" if base.get("errors") else ""))

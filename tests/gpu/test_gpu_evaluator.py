@@ -79,3 +79,25 @@ def test_same_candidate_timed_twice_agrees(evaluator):
         spread = abs(a.times_us[key] - b.times_us[key]) / min(a.times_us[key], b.times_us[key])
         print(f"{key}: {a.times_us[key]:.2f} us vs {b.times_us[key]:.2f} us ({spread:.1%})")
         assert spread < SPREAD
+
+
+def test_the_baseline_is_timed_like_a_candidate_and_again_during_the_run(tmp_path):
+    """torch.compile as the baseline: measured at setup after a discarded first pass (its compile), then again
+    between candidates; each result is taken against the latest measurement, and the books keep every one."""
+    from kernel_factory.evo.evaluate.gpu import GpuEvaluator
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    cases = [Case((4096, 1024), "bfloat16"), Case((1024, 8192), "bfloat16")]
+    ev = GpuEvaluator(problem, cases, "torch_compile", 0, str(tmp_path), compile_workers=4, baseline_every_s=1e-3,
+                      graph_below_us=30.0)
+    try:
+        defaults = problem.space.defaults()
+        cands = [Candidate(Genome.of({**defaults, "unroll": u})) for u in (1, 2, 4)]
+        results = ev.evaluate(cands)
+        books = ev.accounting()["baseline"]
+    finally:
+        ev.close()
+    assert all(r.status is Status.OK for r in results), [r.message for r in results]
+    assert books["measurements"] == 1 + len(cands) and not books["errors"], books
+    assert books["gpu_s"] > 0 and all(0.5 < g < 2.0 for g in books["relative_to_first"]), books
+    bases = [tuple(sorted(r.baseline_us.items())) for r in results]
+    assert len(set(bases)) == len(cands), "each candidate is taken against its own, fresh baseline measurement"

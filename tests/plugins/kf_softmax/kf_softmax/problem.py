@@ -1,7 +1,8 @@
 """Row softmax forward (y = softmax(x, dim=-1), fp32 math): the problem the kf-softmax-plugin package registers."""
-# Reference, inputs, small shape sets (cheap to record the whole gene space on one GPU), tolerances, the torch
-# baseline and the kernel template with its gene space. Imports only the factory's public contracts
-# (kernel_factory.evo.types and .protocols), as any third-party plugin should.
+# Reference, inputs, small shape sets (cheap to record the whole gene space on one GPU), tolerances, the baselines
+# (torch eager, torch.compile, Liger) and the kernel template with its gene space. Imports only the factory's public
+# contracts (kernel_factory.evo.types, .protocols, and .compiled for a torch.compile baseline that proves it ran
+# compiled), as any third-party plugin should.
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from kernel_factory.evo.compiled import compiled_for
 from kernel_factory.evo.protocols import Launch, MissingBaseline
 from kernel_factory.evo.types import Case, Gene, GeneSpace, GeneValue
 
@@ -54,6 +56,11 @@ def _torch():
     return torch
 
 
+def _softmax(x: Any) -> Any:
+    import torch
+    return torch.softmax(x, dim=-1)
+
+
 class SoftmaxForward:
     name = "softmax_fwd"
     version = "1"
@@ -63,7 +70,7 @@ class SoftmaxForward:
     space = SPACE
     dtypes = ("bfloat16", "float16", "float32")
     shape_sets = {"benchmark": BENCHMARK, "correctness": CORRECTNESS, "heldout": HELDOUT}
-    baselines = ("torch_eager",)
+    baselines = ("torch_eager", "torch_compile", "liger")
 
     def template(self) -> str:
         return TEMPLATE.read_text().replace(f'#include "{GENES_HEADER.name}"\n', GENES_HEADER.read_text())
@@ -107,6 +114,16 @@ class SoftmaxForward:
         x = inputs["x"]
         if name == "torch_eager":
             return lambda: {"y": torch.softmax(x, dim=-1)}
+        if name == "torch_compile":
+            # Compiled for this case's shape alone (a plain torch.compile runs eagerly past its recompile limit)
+            fn = compiled_for(_softmax, f"{case.key}@{x.device}")
+            return lambda: {"y": fn(x)}
+        if name == "liger":
+            try:
+                from liger_kernel.ops.softmax import LigerSoftmaxFunction
+            except ImportError as exc:
+                raise MissingBaseline(f"liger-kernel is not installed ({exc})") from exc
+            return lambda: {"y": LigerSoftmaxFunction.apply(x)}
         raise MissingBaseline(f"unknown baseline {name!r}; this problem has {', '.join(self.baselines)}")
 
 
