@@ -53,7 +53,7 @@ for _w in /tmp/kf-wheels/whl/*.whl; do
 done
 if [ "$_new" -gt 0 ]; then
   rm -rf /tmp/site && mkdir -p /tmp/site && : > /tmp/kf-wheels/installed
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  python3 -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     /tmp/kf-wheels/whl/*.whl 2>&1 | grep -v "^WARNING: Target" \
     ; ls /tmp/kf-wheels/whl/*.whl | xargs -n1 basename >> /tmp/kf-wheels/installed
 fi
@@ -62,7 +62,7 @@ _extra="$(python3 -c 'import site,sys; b=set(sys.path); site.addsitedir("/tmp/si
 [ -n "$_extra" ] && export PYTHONPATH="$PYTHONPATH:$_extra"
 echo "host_setup: $_new new wheel(s), $(wc -l < /tmp/kf-wheels/installed) installed in /tmp/site"
 
-kf_pip() { python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/kf "$1" 2>&1 \
+kf_pip() { python3 -m pip install -q --root-user-action=ignore --no-deps --no-build-isolation --no-index --upgrade --target /tmp/kf "$1" 2>&1 \
   | grep -v "^WARNING: Target" || true; }
 kf_pip .
 for plugin in tests/plugins/*/pyproject.toml; do kf_pip "$(dirname "$plugin")"; done

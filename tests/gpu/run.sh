@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 out="${OUT:-runs/gpu-tests}"
 mkdir -p "$out"
 
-if [ -d .whl ] || [ -f /tmp/install-wheels.sh ]; then
+if [ -d .whl ] || [ -d .gpu-a ] || [ -f /tmp/kf-wheels/installed ]; then
   # shellcheck disable=SC1091,SC2086  # KF_WHEELS is a list of folders
   if ! source tests/gpu/host_setup.sh ${KF_WHEELS:-} > "$out/host_setup.log" 2>&1; then
     echo "tests/gpu/run.sh: host setup failed; see $out/host_setup.log" >&2
