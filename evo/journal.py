@@ -47,8 +47,9 @@ class Start:
         ev = self.evaluator
         return {"event": "start", "run_id": self.run_id, "problem": self.problem, "seed": self.seed,
                 "cases_key": self.cases_key, "warm_start": list(self.warm_start),
-                "warm_start_from": dict(self.warm_start_from), "warm_start_generation": dict(self.warm_start_generation),
-                "prior_records": self.prior_records, "config": self.config,
+                "warm_start_from": dict(self.warm_start_from),
+                "warm_start_generation": dict(self.warm_start_generation), "prior_records": self.prior_records,
+                "config": self.config,
                 "evaluator": {"kind": ev.kind, "label": ev.label, "fingerprint": dict(ev.fingerprint)},
                 "cases": list(self.cases)}
 
@@ -168,8 +169,8 @@ def _generation(d: Mapping[str, Any]) -> GenerationStats:
 
 def _start(d: Mapping[str, Any]) -> Start:
     return Start.from_json(_keys(d, {"run_id", "problem", "seed", "config", "evaluator", "cases"},
-                                 {"cases_key", "warm_start", "warm_start_from", "warm_start_generation", "prior_records"},
-                                 "start"))
+                                 {"cases_key", "warm_start", "warm_start_from", "warm_start_generation",
+                                  "prior_records"}, "start"))
 
 
 def _resume(d: Mapping[str, Any]) -> Resume:

@@ -20,7 +20,8 @@ from kernel_factory.evo.tools import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD = re.compile(r"gen (?P<gen>-?\d+)  (?P<node>[0-9a-f]{16})  (?P<op>\S+)  (?P<status>\S+)  fitness \S+"
-                  r"(?: \((?:[+-]\d+\.\d+ )?from (?P<parent>[0-9a-f]{16})(?:; also bred from (?P<others>[0-9a-f, ]+))?\))?"
+                  r"(?: \((?:[+-]\d+\.\d+ )?from (?P<parent>[0-9a-f]{16})"
+                  r"(?:; also bred from (?P<others>[0-9a-f, ]+))?\))?"
                   r"(?:; seed from run (?P<run>\S+) \(candidate (?P<cand>[0-9a-f]{16}), gen (?P<there>\d+) there\))?$")
 
 
@@ -35,8 +36,9 @@ class Run:
         self.seed_from = dict(record.start.warm_start_from)
 
     def full(self, prefix: str) -> str:
-        (node,) = [n for n in self.parents if n.startswith(prefix)]
-        return node
+        found = [n for n in self.parents if n.startswith(prefix)]
+        assert len(found) == 1, f"{prefix} is not one candidate of run {self.id}"
+        return found[0]
 
     def ancestry(self, node: str) -> set[str]:
         """node and its ancestors by this journal's parent links alone."""
