@@ -68,15 +68,17 @@ def three(tmp_path_factory) -> tuple[Path, dict[str, Run], list[str]]:
     return out, runs, ids
 
 
-def check_seed(runs: dict[str, Run], run: Run, node: str, origin: str | None, there: str | None) -> None:
-    """A chain's first step: a seed of this run names the run and generation that bred it; nothing else does."""
+def check_seed(runs: dict[str, Run], run: Run, node: str, origin: str | None, cand: str | None,
+               there: str | None) -> None:
+    """A chain's first step: a seed of this run names the run, candidate and generation that bred it; nothing
+    else does."""
     assert run.parents[node] == ()   # the journal gives it no parent in this run: the chain stops here
     if node not in run.seed_from:
         assert origin is None
         return
     assert origin == run.seed_from[node] and origin != run.id
     bred = runs[origin]
-    assert node in bred.parents and int(there) == bred.generation[node]
+    assert cand == node and int(there) == bred.generation[node]   # one gene space: the genome keeps its id
     earlier = list(runs)[:list(runs).index(run.id)]
     assert origin == next(r for r in earlier if node in runs[r].parents)   # where it was bred, not copied
 
@@ -92,7 +94,7 @@ def check_text_chain(runs: dict[str, Run], run: Run, text: str) -> list[str]:
         assert int(step["gen"]) == run.generation[node]
         if i == 0:
             assert step["parent"] is None
-            check_seed(runs, run, node, step["run"], step["there"])
+            check_seed(runs, run, node, step["run"], step["cand"], step["there"])
             continue
         assert step["run"] is None and step["parent"] == nodes[i - 1]
         others = set(step["others"].split(", ")) if step["others"] else set()
@@ -139,7 +141,7 @@ def test_mlflow_description_and_lineage_md_follow_the_journal(three, tmp_path, i
     node = run.full(first[1])
     seed = re.fullmatch(r"seed from run (\S+) \(candidate ([0-9a-f]{16}), gen (\d+) there\)", first[2])
     assert (seed is not None) == (node in run.seed_from)
-    check_seed(runs, run, node, seed and seed[1], seed and seed[3])
+    check_seed(runs, run, node, seed and seed[1], seed and seed[2], seed and seed[3])
     for part in chain[1:]:
         step = re.fullmatch(r"\S+ \(.*\) `([0-9a-f]{8})`", part)
         child = run.full(step[1])

@@ -56,7 +56,7 @@ def from_journal(path: str | Path) -> nx.DiGraph:
     run = journal.read(path)
     evaluator = run.start.evaluator
     graph = build(run.outcomes(), run.run_id, run.latest_best(), replay_note(evaluator.kind, evaluator.label))
-    return mark_seeds(graph, run.start.warm_start_from, run.start.warm_start_generation)
+    return mark_seeds(graph, run.start.warm_start_from, run.start.warm_start_origin)
 
 
 def origin_key(run_id: str, candidate_id: str) -> str:
@@ -65,23 +65,23 @@ def origin_key(run_id: str, candidate_id: str) -> str:
     return f"{run_id}/{candidate_id}"
 
 
-def mark_seeds(graph: nx.DiGraph, warm_from: Mapping[str, str], generations: Mapping[str, int] | None = None
-               ) -> nx.DiGraph:
-    """The graph with each warm-start seed linked to the run and candidate that bred it (`warm_from`: seed id ->
-    run id; `generations`: seed id -> its generation there): the seed node gets `seed_from`, and a node for that
-    run's candidate (origin_key) joins it by an edge marked `seed`. Nothing of that run's ancestry comes along.
-    A seed that this run's journal gives parents is left as the journal says."""
+def mark_seeds(graph: nx.DiGraph, warm_from: Mapping[str, str],
+               origins: Mapping[str, Mapping[str, Any]] | None = None) -> nx.DiGraph:
+    """The graph with each warm-start seed linked to the candidate that bred it (`warm_from`: seed id -> run id;
+    `origins`: seed id -> {run, candidate, generation}, which journals before it lack): the seed node gets
+    `seed_from`, and a node for that run's candidate (origin_key) joins it by an edge marked `seed`. Nothing of
+    that run's ancestry comes along. A seed that this run's journal gives parents is left as the journal says."""
     out = graph.copy()
     for seed, run in sorted(warm_from.items()):
         if seed not in out or out.nodes[seed]["external"] or run_parents(out, seed):
             continue
         data = out.nodes[seed]
-        origin = {"run": run, "candidate": seed, "generation": (generations or {}).get(seed)}
+        origin = {"run": run, "candidate": seed, "generation": None, **(origins or {}).get(seed, {})}
         data["seed_from"] = origin
-        key = origin_key(run, seed)
+        key = origin_key(origin["run"], origin["candidate"])
         out.add_node(key, generation=data["generation"] - 1, status=EXTERNAL, fitness=None, operator=ORIGIN,
-                     genes=dict(data["genes"]), patch=dict(data["patch"]), external=True, run=run,
-                     run_generation=origin["generation"], candidate=seed)
+                     genes=dict(data["genes"]), patch=dict(data["patch"]), external=True, run=origin["run"],
+                     run_generation=origin["generation"], candidate=origin["candidate"])
         out.add_edge(key, seed, operator="seed", seed=True)
     return out
 

@@ -331,7 +331,7 @@ class MlflowObserver:
     def _graph(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> Any:
         """This run's lineage, each warm-start seed linked to the run and candidate that bred it."""
         graph = lineage.build(results, self.run.run_id, best_id, self.run.evaluator.replay_note())
-        return lineage.mark_seeds(graph, self.run.warm_start_from, self.run.warm_start_generation)
+        return lineage.mark_seeds(graph, self.run.warm_start_from, self.run.warm_start_origin)
 
     def _log_best_kernels(self, graph: Any) -> None:
         """The source and ptxas report of the best candidate and its ancestors, under kernels/ on the parent."""
