@@ -79,24 +79,35 @@ class History:
         self.prior = list(prior)   # prior.load_prior leaves out earlier runs' refusals
         self.current: list[Record] = []
         self._by_id: dict[str, Record] = {}
+        # (run, candidate): the same genome has the same id in every run, but its parents are those of one run.
+        self._by_run: dict[tuple[str, str], Record] = {}
         for rec in self.prior:
             self._by_id.setdefault(rec.id, rec)
+            self._by_run.setdefault((rec.run_id, rec.id), rec)
+        self._earliest = dict(self._by_id)   # prior is oldest run first
 
     def add(self, records: Iterable[Record]) -> None:
         for rec in records:
             self.current.append(rec)
             self._by_id[rec.id] = rec   # this run's measurement wins over an earlier run's
+            self._by_run[(rec.run_id, rec.id)] = rec
+
+    def bred_in(self, genome_id: str) -> Record | None:
+        """The earliest earlier run's record of this genome: the run and candidate that bred it, which a warm-start
+        seed links to (a later run that took it as a seed only copied it)."""
+        return self._earliest.get(genome_id)
 
     def records(self, prior: bool = True) -> list[Record]:
         return (self.prior if prior else []) + self.current
 
     def outcomes(self, source: str = "all") -> list[Outcome]:
         """Every child (of `source`: all, prior or current) whose parents are known; seeds, random and default
-        genomes have no parents. Parents are looked up across all runs."""
+        genomes have no parents. A parent is the child's own run's record of it (a genome recurs across runs with
+        other measurements), else the genome's record in another run."""
         records = {"all": self.records(), "prior": self.prior, "current": self.current}[source]
         out = []
         for rec in records:
-            parents = [self._by_id[p] for p in rec.parents if p in self._by_id]
+            parents = [self._by_run.get((rec.run_id, p)) or self._by_id[p] for p in rec.parents if p in self._by_id]
             if not parents:
                 continue
             best = max(parents, key=lambda p: p.fitness)

@@ -35,17 +35,22 @@ class Start:
     warm_start: tuple[str, ...] = ()
     prior_records: int = 0
     warm_start_from: Mapping[str, str] = field(default_factory=dict)   # seed genome id -> the run that bred it
+    warm_start_origin: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)   # ... -> run, candidate, gen
 
     @staticmethod
     def of(run: RunInfo) -> "Start":
         return Start(run.run_id, run.problem, run.seed, run.config, run.evaluator, tuple(c.key for c in run.cases),
-                     run.cases_key, tuple(run.warm_start), run.prior_records, dict(run.warm_start_from))
+                     run.cases_key, tuple(run.warm_start), run.prior_records, dict(run.warm_start_from),
+                     dict(run.warm_start_origin))
 
     def to_json(self) -> dict[str, Any]:
         ev = self.evaluator
         return {"event": "start", "run_id": self.run_id, "problem": self.problem, "seed": self.seed,
                 "cases_key": self.cases_key, "warm_start": list(self.warm_start),
-                "warm_start_from": dict(self.warm_start_from), "prior_records": self.prior_records, "config": self.config,
+                "warm_start_from": dict(self.warm_start_from),
+                "warm_start_origin": {k: dict(v) for k, v in self.warm_start_origin.items()},
+                "prior_records": self.prior_records,
+                "config": self.config,
                 "evaluator": {"kind": ev.kind, "label": ev.label, "fingerprint": dict(ev.fingerprint)},
                 "cases": list(self.cases)}
 
@@ -55,7 +60,8 @@ class Start:
         return Start(str(d["run_id"]), str(d["problem"]), int(d["seed"]), _mapping(d["config"], "config"),
                      EvaluatorInfo(str(ev["kind"]), str(ev["label"]), dict(ev.get("fingerprint") or {})),
                      tuple(d["cases"]), str(d.get("cases_key", "")), tuple(d.get("warm_start", ())),
-                     int(d.get("prior_records", 0)), dict(d.get("warm_start_from") or {}))
+                     int(d.get("prior_records", 0)), dict(d.get("warm_start_from") or {}),
+                     {k: dict(_mapping(v, "warm_start_origin")) for k, v in (d.get("warm_start_origin") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,8 @@ def _generation(d: Mapping[str, Any]) -> GenerationStats:
 
 def _start(d: Mapping[str, Any]) -> Start:
     return Start.from_json(_keys(d, {"run_id", "problem", "seed", "config", "evaluator", "cases"},
-                                 {"cases_key", "warm_start", "warm_start_from", "prior_records"}, "start"))
+                                 {"cases_key", "warm_start", "warm_start_from", "warm_start_origin",
+                                  "prior_records"}, "start"))
 
 
 def _resume(d: Mapping[str, Any]) -> Resume:

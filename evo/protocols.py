@@ -284,6 +284,8 @@ class RunInfo:
     prior_records: int = 0          # candidates of earlier runs that credit, lessons and the surrogate learn from
     resumed: bool = False           # True when `kernel-factory resume` continues a killed run
     warm_start_from: Mapping[str, str] = field(default_factory=dict)   # warm-start genome id -> the run that bred it
+    # warm-start genome id -> the candidate that bred it: {"run": run id, "candidate": its id, "generation": N}
+    warm_start_origin: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -131,9 +131,12 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
                        evaluator=replace(cfg.evaluator, kind=kind, baseline=run.baseline))
     fingerprint = dict(evaluator.info.fingerprint) | ({"why_replay": why_not_gpu} if why_not_gpu else {})
     fingerprint["ran_on_host"] = platform.node()   # a replay's other keys describe the recording's machine
+    # Where each seed was bred, not copied. Its id here is its genome's: a gene added since changes the id.
+    origins = {r.genome.id: history.bred_in(r.id) or r for r in warm}
     info = RunInfo(run_id, run.problem.name, cfg.seed, resolved.to_json(),
                    replace(evaluator.info, fingerprint=fingerprint), run.cases, cfg.out_dir, key,
-                   tuple(g.id for g in seeds), len(prior), resume, {r.genome.id: r.run_id for r in warm})
+                   tuple(g.id for g in seeds), len(prior), resume, {k: r.run_id for k, r in origins.items()},
+                   {k: {"run": r.run_id, "candidate": r.id, "generation": r.generation} for k, r in origins.items()})
     proposer = Proposer(space, run.operators, cfg.search, run.problem, fingerprint)
     summary, started, interrupt = None, [], None
     try:

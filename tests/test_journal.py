@@ -22,7 +22,9 @@ def fresh_run(tmp_path, rng: random.Random):
     obs = JournalObserver()
     info = RunInfo(f"run-{rng.getrandbits(32):08x}", "rmsnorm_fwd", rng.randrange(1000), {"seed": rng.random()},
                    EvaluatorInfo("replay", "a recording", {"gpu": "H200"}), CASES, str(tmp_path), "key",
-                   ("warm1",), 7)
+                   ("warm1",), 7, warm_start_from={"warm1": f"run-{rng.getrandbits(32):08x}"},
+                   warm_start_origin={"warm1": {"run": "run-earlier", "candidate": f"{rng.getrandbits(64):016x}",
+                                                "generation": rng.randrange(50)}})
     obs.on_start(info)
     pairs = []
     for i in range(6):
@@ -50,6 +52,11 @@ def test_what_the_observer_writes_reads_back(tmp_path):
     path, pairs, summary = fresh_run(tmp_path, rng)
     run = journal.read(path)
     assert run.run_id == summary.run_id and run.start.prior_records == 7 and run.start.warm_start == ("warm1",)
+    written = journal.records(path)[0]   # where the seed was bred: the run and its generation there
+    assert set(written["warm_start_from"]) == set(written["warm_start_origin"]) == {"warm1"}
+    assert run.start.warm_start_from == written["warm_start_from"]
+    assert run.start.warm_start_origin == written["warm_start_origin"]
+    assert set(run.start.warm_start_origin["warm1"]) == {"run", "candidate", "generation"}
     assert run.start.cases == tuple(c.key for c in CASES) and run.start.evaluator.fingerprint == {"gpu": "H200"}
     assert run.pairs() == pairs
     assert [r.result.message for r in run.results] == [r.message for _, r in pairs]

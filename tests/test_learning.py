@@ -29,6 +29,26 @@ def test_outcomes_compare_with_the_best_parent():
     assert credit.by_gene(h.outcomes())["y"].n == 1.0   # only the mutation's child counts per gene
 
 
+
+def test_a_genome_recurring_across_runs_keeps_each_runs_parents_and_its_first_run():
+    """Ids are content hashes: the same genome in two runs, bred from other parents in each. A child is compared
+    with its own run's parent record, and a seed links to the earliest run that evaluated it."""
+    rng = random.Random()
+    f1, f2, f3 = (rng.uniform(0.5, 2.0) for _ in range(3))
+
+    def in_run(run, id, fitness, parents=(), op="random", generation=0):
+        return Record(id, {"x": id}, False, tuple(parents), op, generation, Status.OK, fitness, 0.1, run)
+
+    prior = [in_run("run-1", "p", f1), in_run("run-1", "c", f1 + 0.5, ("p",), "gene_mutation", 4),
+             in_run("run-2", "p", f2), in_run("run-2", "c", f2 + 0.25, ("p",), "seed", 0)]
+    h = History(prior)
+    assert h.bred_in("c") is prior[1] and h.bred_in("p") is prior[0] and h.bred_in("nowhere") is None
+    first, second = h.outcomes("prior")
+    assert first.parent_fitness == f1 and second.parent_fitness == f2   # each run's own measurement of p
+    h.add([in_run("run-3", "p", f3), in_run("run-3", "k", f3 * 1.5, ("p",), "gene_mutation", 1)])
+    assert h.outcomes("current")[0].parent_fitness == f3
+    assert h.bred_in("p") is prior[0]   # this run's record does not move where a genome was first bred
+
 def test_bandit_shifts_toward_improvement_per_gpu_second():
     bandit = credit.Bandit(["good", "bad"], floor=0.05)
     assert bandit.probabilities([]) == {"good": 0.5, "bad": 0.5}

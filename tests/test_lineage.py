@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from kernel_factory.evo import config, journal
-from kernel_factory.evo.observers import lineage
+from kernel_factory.evo.observers import lineage, lineage_image
 from kernel_factory.evo.observers import mlflow as mlflow_observer
 from kernel_factory.evo.run import execute
 from kernel_factory.evo.types import Candidate, EvalResult, Genome, Status, geomean_speedup
@@ -116,7 +116,7 @@ def node_titles(svg_text: str) -> dict[str, str]:
 
 def test_render_writes_four_files_with_node_titles(family, tmp_path):
     graph = lineage.build(family.values(), "run-1")
-    paths = lineage.render(graph, tmp_path / "out")
+    paths = lineage_image.render(graph, tmp_path / "out")
     assert {k: p.name for k, p in paths.items()} == {
         "png": "lineage.png", "svg": "lineage.svg", "html": "lineage.html", "json": "lineage.json"}
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["png"].stat().st_size > 20_000
@@ -154,23 +154,23 @@ def test_render_of_300_candidates_is_fast(tmp_path, rmsnorm):
             current.append(cand)
             pairs.append((cand, EvalResult(cand.id, status, rng.uniform(0.5, 1.2) if status is Status.OK else 0.0)))
         previous = current
-    lineage.render(lineage.build(pairs[:5]), tmp_path / "warm")   # fonts and caches, once per process
+    lineage_image.render(lineage.build(pairs[:5]), tmp_path / "warm")   # fonts and caches, once per process
     graph = lineage.build(pairs)
     started = time.perf_counter()
-    paths = lineage.render(graph, tmp_path / "big")
+    paths = lineage_image.render(graph, tmp_path / "big")
     assert time.perf_counter() - started < 3.0
     assert len(node_titles(paths["svg"].read_text())) == graph.number_of_nodes() == 300
 
 
 def test_replay_run_logs_lineage_and_the_cli_explains_its_best(replay_config, tmp_path, monkeypatch):
     drawn = []
-    real_render = mlflow_observer.lineage.render
+    real_render = mlflow_observer.lineage_image.render
 
     def counting(graph, out_dir):
         drawn.append(graph.number_of_nodes())
         return real_render(graph, out_dir)
 
-    monkeypatch.setattr(mlflow_observer.lineage, "render", counting)
+    monkeypatch.setattr(mlflow_observer.lineage_image, "render", counting)
     summary = execute(config.parse(replay_config))
     # after generation 3, and at the end: every evaluated candidate, and every child the rule refused (shown once)
     refused = journal.read(tmp_path / "runs" / summary.run_id / journal.NAME).refusals
@@ -197,3 +197,70 @@ def test_replay_run_logs_lineage_and_the_cli_explains_its_best(replay_config, tm
                            timeout=120)
     assert wrong.returncode == 2 and wrong.stdout == ""
     assert wrong.stderr.count("\n") == 1 and "'no-such-run'" in wrong.stderr and summary.run_id in wrong.stderr
+
+
+def test_a_seed_links_to_the_run_that_bred_it_and_brings_none_of_its_history(rmsnorm, tmp_path):
+    rng, d = random.Random(), rmsnorm.space.defaults()
+    earlier = f"rmsnorm_fwd-20260101-000000-{rng.getrandbits(24):06x}"
+    there = rng.randrange(1, 9)
+    c = {"x": Candidate(Genome.of({**d, "threads": 512}), (), "seed"),
+         "d": Candidate(Genome.of(d), (), "defaults")}
+    # w was a seed too, but this run's journal says it was bred here: the journal wins.
+    c["w"] = Candidate(Genome.of({**d, "unroll": 4}), (c["d"].id,), "gene_mutation", 1)
+    c["y"] = Candidate(Genome.of({**d, "threads": 512, "vec_bytes": 8}), (c["x"].id,), "gene_mutation", 1)
+    c["z"] = Candidate(Genome.of({**d, "threads": 512, "vec_bytes": 8, "load": "plain"}), (c["y"].id, c["d"].id),
+                       "uniform_crossover", 2)
+    times = dict(zip("dwxyz", sorted((rng.uniform(6, 12) for _ in range(5)), reverse=True)))
+    graph = lineage.build([(c[k], ok(c[k], times[k])) for k in "xdwyz"], "run-now")
+    # The earlier run's id of the genome differs when a gene was added to the space since (its default filled in).
+    bred = f"{rng.getrandbits(64):016x}"
+    marked = lineage.mark_seeds(graph, {c["x"].id: earlier, c["w"].id: earlier, "0123456789abcdef": earlier},
+                                {c["x"].id: {"run": earlier, "candidate": bred, "generation": there}})
+    x, y, z, w = (c[k].id for k in "xyzw")
+    key = lineage.origin_key(earlier, bred)
+    assert set(marked) == set(graph) | {key} and key != x
+    assert marked.nodes[key]["run"] == earlier and marked.nodes[key]["run_generation"] == there
+    assert marked.edges[key, x]["seed"] and "seed_from" not in marked.nodes[w]
+    assert lineage.best(marked) == z and key in lineage.best_ancestry(marked)
+
+    steps = lineage.chain(marked, z)
+    assert [s.node for s in steps] == [x, y, z] and steps[0].parent is None and steps[0].parents == ()
+    assert steps[0].seed_from == {"run": earlier, "candidate": bred, "generation": there}
+    assert lineage.against_parent(marked, x).parent is None
+    text = lineage.format_chain(steps)
+    assert text.splitlines()[0].endswith(f"; seed from run {earlier} (candidate {bred}, gen {there} there)")
+    assert text.count("seed from run") == 1
+
+    drawn = lineage_image.drawing(marked)
+    (seed_edge,) = [e for e in drawn.edges if e.kind == "seed"]
+    assert (seed_edge.source, seed_edge.target, seed_edge.on_best, seed_edge.label) == (key, x, True, "seed")
+    assert drawn.labels[key] == f"{bred[:8]} in run {earlier[-6:]} gen {there}"
+    assert {(e.source, e.target) for e in drawn.edges if e.kind == "parent"} == set(graph.edges)
+    titles = node_titles(lineage_image.render(marked, tmp_path)["svg"].read_text())
+    assert any(t.startswith(x) and f"seed from run {earlier}" in t for t in titles.values())
+
+
+def test_a_cycle_in_the_records_stops_the_chain_with_a_mark(rmsnorm, tmp_path):
+    """One run's records cannot loop, but a broken journal could: the chain must stop and say so, not go round
+    nor name a candidate as its own parent."""
+    from kernel_factory.evo.observers.mlflow_view import one_line
+    rng, d = random.Random(), rmsnorm.space.defaults()
+    a, b, s = (Genome.of({**d, "threads": t}) for t in (128, 512, 1024))
+    c = {"a": Candidate(a, (b.id,), "gene_mutation", 1), "b": Candidate(b, (a.id,), "gene_mutation", 2),
+         "s": Candidate(s, (s.id,), "gene_mutation", 1)}
+    c["c"] = Candidate(Genome.of({**d, "threads": 128, "unroll": 4}), (a.id,), "gene_mutation", 3)
+    graph = lineage.build([(v, ok(v, rng.uniform(6, 12))) for v in c.values()])
+
+    steps = lineage.chain(graph, c["c"].id)
+    assert [st.node for st in steps] == [b.id, a.id, c["c"].id]
+    assert steps[0].cycle == a.id and steps[0].parent is None and all(st.cycle is None for st in steps[1:])
+    text = lineage.format_chain(steps)
+    assert f"cycle: its recorded parent {a.id} is already later on this chain" in text.splitlines()[0]
+    assert one_line(graph, c["c"].id).startswith(f"`{b.id[:8]}` (gene_mutation; cycle: ")
+
+    (alone,) = lineage.chain(graph, s.id)
+    assert alone.cycle == s.id and alone.parent is None
+    line = lineage.format_chain([alone])
+    assert "recorded as its own parent" in line and f"from {s.id}" not in line
+    assert lineage.against_parent(graph, s.id).parent is None
+    assert len(node_titles(lineage_image.render(graph, tmp_path)["svg"].read_text())) == 4

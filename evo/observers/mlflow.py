@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from . import lineage, mlflow_view as view
+from . import lineage, lineage_image, mlflow_view as view
 from .mlflow_store import (Metric, MlflowClient, Param, RunTag, TrackingError, Writer, batches, experiment_id,
                            flatten, metrics_of, open_tracking, params_of, prepare_ui, safe_key, tags_of, tracking_uri)
 from .provenance import git_tags
@@ -288,15 +288,14 @@ class MlflowObserver:
             return
         graph = self._graph(results, best_id)
         with tempfile.TemporaryDirectory(prefix="kf-lineage-") as tmp:
-            paths = lineage.render(graph, tmp)
+            paths = lineage_image.render(graph, tmp)
             self.client.log_artifacts(self.parent_id, tmp, "lineage")
             # Also as an image with a step, so that MLflow's image grid can set runs' lineages side by side.
             from PIL import Image
             with Image.open(paths["png"]) as image:
                 self.client.log_image(self.parent_id, image.convert("RGB"), key="lineage",
                                       step=max((c.generation for c, _ in results), default=0))
-        self.client.log_text(self.parent_id, view.lineage_md(graph, self.run.run_id, self.run.warm_start_from),
-                             "lineage.md")
+        self.client.log_text(self.parent_id, view.lineage_md(graph, self.run.run_id), "lineage.md")
 
     def _finish(self, summary: RunSummary, llm: Mapping[str, float]) -> None:
         best, replay = summary.best, self.run.evaluator.kind == "replay"
@@ -330,9 +329,9 @@ class MlflowObserver:
                                    status="KILLED" if summary.stop_reason == "interrupted" else "FINISHED")
 
     def _graph(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> Any:
-        """This run's lineage, with each warm-start seed's ancestry in the run that bred it."""
+        """This run's lineage, each warm-start seed linked to the run and candidate that bred it."""
         graph = lineage.build(results, self.run.run_id, best_id, self.run.evaluator.replay_note())
-        return lineage.with_origins(graph, self.run.warm_start_from, self.run.out_dir)
+        return lineage.mark_seeds(graph, self.run.warm_start_from, self.run.warm_start_origin)
 
     def _log_best_kernels(self, graph: Any) -> None:
         """The source and ptxas report of the best candidate and its ancestors, under kernels/ on the parent."""

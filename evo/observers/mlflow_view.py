@@ -66,7 +66,7 @@ def description(problem: str, run_id: str, evaluator: Mapping[str, str], graph: 
     lines = [f"`{problem}` run `{run_id}`, {source}."]
     top = lineage.best(graph) if graph is not None else None
     if top is not None:
-        lines.append(f"Best: `{top}` at {graph.nodes[top]['fitness']:.4f}x. Chain: {one_line(graph, top, warm_from)}")
+        lines.append(f"Best: `{top}` at {graph.nodes[top]['fitness']:.4f}x. Chain: {one_line(graph, top)}")
     if warm_from:
         lines.append(f"Warm start: {len(warm_from)} genomes from {', '.join(sorted(set(warm_from.values())))}.")
     if failures:
@@ -74,13 +74,15 @@ def description(problem: str, run_id: str, evaluator: Mapping[str, str], graph: 
     return "\n\n".join(lines)
 
 
-def one_line(graph: nx.DiGraph, node: str, warm_from: Mapping[str, str]) -> str:
-    """The ancestry as `a (seed from run X) -> mut: threads 256->512 -> b`, oldest first."""
+def one_line(graph: nx.DiGraph, node: str) -> str:
+    """The ancestry in its run as `a (seed from run X (candidate a, gen 3 there)) -> mut (threads 256->512) b`,
+    oldest first."""
     parts = []
     for step in lineage.chain(graph, node):
         if step.parent is None:
-            origin = warm_from.get(step.node)
-            parts.append(f"`{step.node[:8]}` ({step.operator}" + (f" from run {origin})" if origin else ")"))
+            note = lineage.seed_note(step.seed_from) if step.seed_from else step.operator
+            note += f"; {lineage.cycle_note(step)}" if step.cycle else ""
+            parts.append(f"`{step.node[:8]}` ({note})")
             continue
         diff = ", ".join(f"{g} {a}->{b}" for g, (a, b) in step.gene_diff.items()) or "same genes"
         parts.append(f"{lineage.SHORT_OPERATOR.get(step.operator, step.operator)} ({diff}) `{step.node[:8]}`")
@@ -145,15 +147,18 @@ def failures_md(results: Sequence[tuple[Candidate, EvalResult]]) -> str:
     return "\n".join(out)
 
 
-def lineage_md(graph: nx.DiGraph, run_id: str, warm_from: Mapping[str, str]) -> str:
-    """lineage.md: the best candidate's chain as `kernel-factory lineage` prints it, and where its seeds came from."""
+def lineage_md(graph: nx.DiGraph, run_id: str) -> str:
+    """lineage.md: the best candidate's chain in this run as `kernel-factory lineage` prints it, and where to
+    follow a warm-start seed it starts from."""
     top = lineage.best(graph)
     if top is None:
         return f"# Lineage of {run_id}\n\nNo candidate was evaluated.\n"
-    text = [f"# Lineage of {run_id}", "", f"The best candidate `{top}` and how it came about, oldest first "
-            f"(`kernel-factory lineage {run_id}` prints the same).", ""]
-    seeds = {s.node: warm_from[s.node] for s in lineage.chain(graph, top) if s.node in warm_from}
-    text += [f"Seed `{node}` came from run `{origin}`: `kernel-factory lineage {run_id}` follows it there."
-             for node, origin in seeds.items()]
-    text += ["", "```", lineage.format_chain(lineage.chain(graph, top)), "```", ""]
+    text = [f"# Lineage of {run_id}", "", f"The best candidate `{top}` and how it came about in this run, oldest "
+            f"first (`kernel-factory lineage {run_id}` prints the same).", ""]
+    steps = lineage.chain(graph, top)
+    origin = steps[0].seed_from
+    if origin is not None:
+        text += [f"It starts from a warm-start seed, bred in run `{origin['run']}`: "
+                 f"`kernel-factory lineage {origin['run']} {origin['candidate']}` shows how it came about there.", ""]
+    text += ["```", lineage.format_chain(steps), "```", ""]
     return "\n".join(text)

@@ -201,7 +201,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    from ..observers import lineage
+    from ..observers import lineage, lineage_image
     run_id = args.run_id
     path = Path(args.runs) / run_id / "journal.jsonl"
     if not path.is_file() and Path(args.store).is_file():
@@ -213,9 +213,9 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         raise ConfigError(f"no run {args.run_id!r} under {args.runs}/ nor in {args.store} (each run is a folder "
                           f"there: {', '.join(runs) or 'none yet'})")
     graph = lineage.from_journal(path)
-    graph = lineage.with_origins(graph, graph.graph["warm_start_from"], args.runs)
     wanted = args.candidate or lineage.best(graph) or ""
-    found = [wanted] if wanted in graph else [node for node in graph if wanted and node.startswith(wanted)]
+    own = [n for n, d in graph.nodes(data=True) if d["operator"] != lineage.ORIGIN]   # not an earlier run's
+    found = [wanted] if wanted in own else [node for node in own if wanted and node.startswith(wanted)]
     if len(found) != 1:
         raise ConfigError(f"candidate {wanted!r} is {'ambiguous' if found else 'not'} in run {run_id!r}; "
                           f"its candidates are in {path}")
@@ -223,7 +223,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         print(graph.graph["replay"])
     print(lineage.format_chain(lineage.chain(graph, found[0])))
     if args.out:
-        paths = lineage.render(graph, args.out)
+        paths = lineage_image.render(graph, args.out)
         print(f"lineage drawn -> {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 0
 
