@@ -118,7 +118,8 @@ def measure(job: Mapping[str, Any], head: Mapping[str, Any],
             out["partial"] = f"{len(rows)} of {total} cases"
         return out
     while todo:
-        crash = run_child(spawn_child, {**job, "cases": todo, "skip": skip}, info, rows, todo,
+        child = {**job, "cases": list(todo), "skip": {k: dict(v) for k, v in skip.items()}}   # a copy: todo shrinks
+        crash = run_child(spawn_child, child, info, rows, todo,
                           lambda: on_row(result()) if on_row is not None and len(rows) < total else None)
         if crash is not None:
             case, provider, why = crash

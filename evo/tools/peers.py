@@ -130,15 +130,15 @@ def recorded_peers(part: Mapping[str, Any], problem: str | None = None) -> tuple
     and from its rows."""
     asked = list(part.get("baselines") or dict.fromkeys(n for r in part["rows"] for n in r["providers"]
                                                         if n not in (SUBJECT, COPY, OWN_OP)))
+    plugin = None if "declared" in part and "labels" in part else _problem(part.get("problem") or problem or "")
+    labels = dict(part.get("labels") or {}) or ({p.baseline: p.label for p in declared(plugin)} if plugin else {})
     if "declared" in part:
-        return list(part["declared"]), asked, dict(part.get("labels") or {})
-    plugin = _problem(part.get("problem") or problem or "")
+        return list(part["declared"]), asked, labels
     if plugin is None:
-        return [b for b in asked if b != OWN_OP], asked, {}
+        return [b for b in asked if b != OWN_OP], asked, labels
     bench_rows = {tuple(s) for s in plugin.shape_sets["benchmark"]}
     on_bench = all(tuple(r["shape"]) in bench_rows for r in part["rows"])
-    peers = for_shapes(plugin, "benchmark" if on_bench else "heldout")
-    return [p.baseline for p in peers], asked, {p.baseline: p.label for p in declared(plugin)}
+    return [p.baseline for p in for_shapes(plugin, "benchmark" if on_bench else "heldout")], asked, labels
 
 
 def crashed(entry: Mapping[str, Any]) -> bool:
