@@ -205,6 +205,11 @@ def test_heldout_lines_say_without_and_crashed(fake_peers, monkeypatch, tmp_path
     md = (folder / "heldout.md").read_text()
     assert f"- `{want[0]}`" in md and "| bf16 | 32768x6144 |" in md and "int21 crashed: crashed:" in md
     assert {p["without"]["quack"] for p in result["parts"]} == {"left out (--without)"}
+    capsys.readouterr()
+    assert cli.main(["heldout", str(folder), "--from", str(folder / "heldout-bench.json"), "--out",
+                     str(tmp_path / "again")]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == want   # re-rendered from the JSON: the same report
+    assert (tmp_path / "again/heldout.md").read_text() == md
 
 
 def test_old_results_are_read_from_their_rows():

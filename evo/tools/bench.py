@@ -25,7 +25,6 @@ from ..build import shapes_of
 from ..config import ConfigError
 from ..evaluate import gate, launcher, measure, render
 from ..evaluate.compile import CompileJob, Compiler
-from ..evaluate.worker import FATAL_MARKERS
 from ..protocols import MissingBaseline, Problem
 from ..types import Candidate, Case, Genome, GeneValue
 from . import peers
@@ -111,19 +110,24 @@ def providers(problem: Problem, subject: Subject, compiled: Compiled, stream: An
 
 
 def failure(exc: BaseException) -> str:
-    """A provider's exception as a row's error: "crashed: ..." when the CUDA context is poisoned, else "failed: ..."."""
+    """A provider's exception as a row's error: "crashed: ..." when it left the CUDA context unusable (asked of the
+    context itself, not read from the message), else "failed: ..."."""
     why = f"{type(exc).__name__}: {peers.first_line(exc)}"
-    return f"crashed: {why}" if any(m in str(exc) for m in FATAL_MARKERS) or not context_alive() else f"failed: {why}"
+    return f"failed: {why}" if context_alive() else f"crashed: {why}"
 
 
 def context_alive() -> bool:
-    """Whether this process can still run CUDA work (a sticky error fails every call after it)."""
+    """Whether this process can still run CUDA work. Tried twice: an ordinary error that the failed call left
+    pending surfaces once and is cleared (so it no longer fails the next provider); a sticky one fails every time."""
     import torch
-    try:
-        torch.cuda.synchronize()
-        return torch.ones(1, device="cuda").add_(1).item() == 2.0
-    except Exception:
-        return False
+    for _ in range(2):
+        try:
+            torch.cuda.synchronize()
+            if torch.ones(1, device="cuda").add_(1).item() == 2.0:
+                return True
+        except Exception:
+            continue
+    return False
 
 
 def check(problem: Problem, case: Case, inputs: Mapping[str, Any], fn: Callable[[], Mapping[str, Any]]) -> str | None:

@@ -19,14 +19,16 @@ from typing import Any, Callable, Iterator, Mapping
 from .. import registry
 from ..config import ConfigError
 from ..evaluate import measure as timing
+from ..evaluate.gpu import WorkerError
 from ..types import Case
 from . import bench
 
 Spawn = Callable[[Mapping[str, Any]], Iterator[tuple]]
 
 
-class BenchProcessError(RuntimeError):
-    """The bench's child process failed in a way that is our bug (its traceback is the message)."""
+class BenchProcessError(WorkerError):
+    """The bench's child process could not start, or failed outside any one provider (its traceback is the message):
+    the command ends with that (exit 2), and the rows measured before it are kept."""
 
 
 def child_main(conn: Any, job: Mapping[str, Any]) -> None:

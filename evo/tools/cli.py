@@ -69,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     hel.add_argument("campaign", help="the campaign folder (holds workload.json)")
     hel.add_argument("--from", dest="from_json", metavar="BENCH.json", help="re-render a recorded held-out bench")
     hel.add_argument("--without", metavar="PEER,...", help=WITHOUT_HELP)
+    hel.add_argument("--out", metavar="DIR", help="with --from: also write the re-rendered heldout.md here")
     ben = sub.add_parser("bench", help="time a kernel against every baseline side by side (table, CSV, JSON, PNG)")
     ben.add_argument("--problem", help="the problem (default: rmsnorm_fwd)")
     ben.add_argument("--suite", help="a bench suite YAML: several benches in one command and one report "
@@ -174,7 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_heldout(args: argparse.Namespace) -> int:
     from .heldout import main_heldout
     from .peers import split_names
-    return main_heldout(args.campaign, args.from_json, split_names(args.without))
+    return main_heldout(args.campaign, args.from_json, split_names(args.without), args.out)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -153,9 +153,11 @@ def write(result: Mapping[str, Any], problem: str, folder: Path) -> list[str]:
     return lines
 
 
-def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = ()) -> int:
-    """`kernel-factory heldout FOLDER [--from BENCH.json] [--without PEER,...]`: exit 2 when a peer asked for ran on
-    no shape of a dtype (after the report is written)."""
+def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = (), out: str | None = None) -> int:
+    """`kernel-factory heldout FOLDER [--from BENCH.json [--out DIR]] [--without PEER,...]`: exit 2 when a peer
+    asked for ran on no shape of a dtype (after the report is written)."""
+    if out and not from_json:
+        raise ConfigError("heldout --out goes with --from (a bench writes its report into the campaign folder)")
     path = Path(folder)
     plan_file = path / "workload.json"
     if not plan_file.is_file():
@@ -170,6 +172,9 @@ def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = ()
             raise ConfigError(f"heldout --from {from_json!r}: {exc}") from None
         lines, md = summarize(result, problem)
         print(md if not lines else "\n".join(lines))
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / REPORT).write_text(md)
         return 0
     result = bench_heldout(problem, path / "kernels" / "dispatch.json", [Case.parse(k) for k in plan["heldout"]],
                            path / BENCH, without=without)
