@@ -190,7 +190,7 @@ class RmsNormForward:
     # M = 1, model widths, powers of two and odd widths up to 262144, inputs up to 2 GiB.
     workload = Workload(dtypes=dtypes)
     # torch_eager is the search's default. quack_tuned autotunes per shape at its first call (tens of seconds);
-    # int21 is INT21's RMSNorm-H100 (import name `rmsnorm`, JIT-built on first use) when it is importable;
+    # int21 is INT21's RMSNorm-H100 (import name `rmsnorm`, JIT-built on first use; a declared peer: see PEERS);
     # factory_op is this project's exported library op (kernels/rmsnorm.py), for `kernel-factory bench --op`.
     baselines = ("torch_eager", "torch_compile", "quack", "quack_tuned", "liger", "int21", "factory_op")
     peers = ("quack", "quack_tuned", "int21")   # the published kernels the targets are set against (best peer)

@@ -302,3 +302,15 @@ def test_every_declared_peer_is_a_baseline_of_its_problem():
         assert all(p.label and p.baseline != peers.OWN_OP for p in declared), name
         if isinstance(problem, DeclaresPeers) and isinstance(problem, PublishedPeers):
             assert set(problem.peers) <= {p.baseline for p in declared}, name   # the best peer is a timed one
+
+
+def test_a_campaign_checks_its_held_out_peers_before_searching(fake_peers):
+    from kernel_factory.evo import registry
+    from kernel_factory.evo.config import ConfigError
+    from kernel_factory.evo.tools import heldout
+    problem = registry.load("problem", "rmsnorm_bwd")
+    with pytest.raises(ConfigError, match=r"peer quack cannot load here .*-o 'workload.without=\[quack\]'"):
+        heldout.check_peers(problem, ())
+    heldout.check_peers(problem, ("quack",))   # the config says to go on without it
+    with pytest.raises(ConfigError, match="config key 'workload.without': rmsnorm_bwd has no peer 'quac'"):
+        heldout.check_peers(problem, ("quac",))
