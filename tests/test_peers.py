@@ -114,6 +114,7 @@ def test_without_is_in_the_headline_and_the_json(fake_peers, monkeypatch, tmp_pa
     result = json.loads((out / "bench.json").read_text())
     # not the benchmark rows: QuACK's tuned entry point does not belong here, so only QuACK is left out
     assert result["without"] == {"quack": "left out (--without)"} and "quack_tuned" not in result["declared"]
+    assert result["ran"] == {"bfloat16": ["int21", "liger", "torch_eager", "torch_compile"]}
     md = (out / "bench.md").read_text()
     gm = bench_report.geomean([best_ratio(r, ["int21"]) for r in result["rows"]])
     assert f"Geomean of the ratios (without QuACK): vs best peer {gm:.3f};" in md
@@ -135,6 +136,7 @@ def test_a_crash_on_one_row_is_recorded_and_the_bench_goes_on(fake_peers, monkey
     assert result["restarts"] == [{"case": crashed, "provider": "int21", "why": CRASH}]
     row = next(r for r in result["rows"] if r["case"] == crashed)
     assert row["providers"]["int21"] == {"error": CRASH, "crashed": True}
+    assert "int21" in result["ran"]["bfloat16"]   # it ran on the other rows
     md = (out / "bench.md").read_text()
     cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]
     head = cells(next(l for l in md.splitlines() if l.startswith("| case ")))

@@ -249,7 +249,11 @@ def run(problem_name: str, subject_spec: Mapping[str, str | None], shapes: str, 
     job = {"problem": problem.name, "subject": dict(subject_spec), "cases": [c.key for c in cases],
            "baselines": list(choice.timed), "reps": reps, "repeat": repeat, "graph_below_us": graph_below_us}
     from . import bench_process
-    return bench_process.measure(job, head, on_row)
+
+    def with_ran(result: dict[str, Any]) -> dict[str, Any]:   # the record of which peers ran, per dtype
+        result["ran"] = {d: list(peers.account(result, d).ran) for d in peers.dtypes_of(result)}
+        return result
+    return with_ran(bench_process.measure(job, head, on_row and (lambda r: on_row(with_ran(r)))))
 
 
 def session(graph_below_us: float) -> tuple[measure.Timer, Any, float, dict[str, Any]]:
