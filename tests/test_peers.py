@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernel_factory.evo.tools import bench_process, bench_report, cli, gap, peers
+from kernel_factory.evo.tools import bench, bench_process, bench_report, cli, gap, peers
 from kernel_factory.evo.tools.bench import COPY, SUBJECT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def fake_peers(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr("kernel_factory.evo.evaluate.gpu.gpu_unavailable_reason", lambda: None)
     spawned = []
-    monkeypatch.setattr(bench_process, "spawn", lambda job: spawned.append(job) or iter(()))
+    monkeypatch.setattr(bench_process, "spawn", lambda job, target: spawned.append(job) or iter(()))
     return spawned
 
 
@@ -55,7 +55,7 @@ def timing_stand_in(monkeypatch, crash: dict[str, str] | None = None, dead: str 
     It honours the job's skip as bench_case does. Returns the jobs it was given."""
     jobs, rng = [], random.Random()
 
-    def spawn(job):
+    def spawn(job, target):
         jobs.append(json.loads(json.dumps(job)))
         yield ("start", {"copy_gbps": 4000.0, "fingerprint": {"gpu": "TEST GPU", "date": "2026-12-03"}})
         for key in job["cases"]:
@@ -289,9 +289,9 @@ def test_the_timing_process_is_real_and_speaks_plain_data():
     from kernel_factory.evo.config import ConfigError
     job = {"problem": "rmsnorm_fwd", "subject": {"genes": json.dumps({"threads": 3})}, "cases": ["bfloat16:8x768"],
            "baselines": ["torch_eager"], "reps": 3, "repeat": 1, "graph_below_us": 30.0, "skip": {}}
-    assert [m[0] for m in bench_process.spawn(job)] == ["config_error"]
+    assert [m[0] for m in bench_process.spawn(job, bench.child_main)] == ["config_error"]
     with pytest.raises(ConfigError, match="threads=3 is not one"):
-        bench_process.measure(job, {})
+        bench_process.measure(job, {}, bench.child_main)
 
 
 def test_every_declared_peer_is_a_baseline_of_its_problem():

@@ -16,6 +16,8 @@ renders them; `--from` re-renders a recorded JSON on a machine without a GPU).
 from __future__ import annotations
 
 import json
+import tempfile
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -253,7 +255,39 @@ def run(problem_name: str, subject_spec: Mapping[str, str | None], shapes: str, 
     def with_ran(result: dict[str, Any]) -> dict[str, Any]:   # the record of which peers ran, per dtype
         result["ran"] = {d: list(peers.account(result, d).ran) for d in peers.dtypes_of(result)}
         return result
-    return with_ran(bench_process.measure(job, head, on_row and (lambda r: on_row(with_ran(r)))))
+    return with_ran(bench_process.measure(job, head, child_main, on_row and (lambda r: on_row(with_ran(r)))))
+
+
+def child_main(conn: Any, job: Mapping[str, Any]) -> None:
+    """The bench's child process (bench_process.py spawns it): the timing session, then the job's cases in order,
+    each row sent as soon as it is measured; a crash ends it. Only plain data comes in (names, case keys)."""
+    try:
+        problem = registry.load("problem", job["problem"])
+        subject = make_subject(problem, job["subject"])
+        timer, stream, copy, head = session(job["graph_below_us"])
+        conn.send(("start", head))
+        with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp:
+            compiled = Compiled(problem, tmp)
+            try:
+                for key in job["cases"]:
+                    try:
+                        row = bench_case(problem, subject, compiled, timer, stream, Case.parse(key),
+                                         job["baselines"], job["reps"], job["repeat"], copy, job["skip"].get(key))
+                    except Crashed as exc:
+                        conn.send(("crashed", exc.case, exc.provider, exc.why))
+                        return
+                    conn.send(("row", row))
+            finally:
+                compiled.compiler.close()
+        conn.send(("done", {"clocks_after": measure.clocks()}))
+    except KeyboardInterrupt:   # Ctrl-C reaches the whole process group: the parent reports what was measured
+        conn.send(("interrupted",))
+    except ConfigError as exc:
+        conn.send(("config_error", str(exc)))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
 
 
 def session(graph_below_us: float) -> tuple[measure.Timer, Any, float, dict[str, Any]]:

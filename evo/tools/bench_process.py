@@ -1,9 +1,9 @@
-"""Where a bench's timing runs: a spawned child process that owns the CUDA context and sends each row as it is
-measured. A provider that crashes (an illegal address poisons the context, torch's too) ends the child; the parent
-records the crash on that row and goes on from the row in a fresh child, which records the crashed provider there
-without running it again. A child that dies mid-row is a crash of that row. So a peer that crashes on one shape
-costs that shape's bar, not the report. Only plain data crosses the pipe: the child rebuilds the problem and the
-subject from their names.
+"""Where a bench's timing runs: a spawned child process (its body is bench.child_main) that owns the CUDA context
+and sends each row as it is measured. A provider that crashes (an illegal address poisons the context, torch's too)
+ends the child; the parent records the crash on that row and goes on from the row in a fresh child, which records
+the crashed provider there without running it again. A child that dies mid-row is a crash of that row. So a peer
+that crashes on one shape costs that shape's bar, not the report. Only plain data crosses the pipe: the child
+rebuilds the problem and the subject from their names.
 
 Messages, child -> parent: ("start", head), ("row", row), ("crashed", case, provider, why), ("done", info),
 ("config_error", line), ("error", traceback), ("interrupted",).
@@ -11,19 +11,14 @@ Messages, child -> parent: ("start", head), ("row", row), ("crashed", case, prov
 from __future__ import annotations
 
 import contextlib
-import tempfile
 import time
-import traceback
 from typing import Any, Callable, Iterator, Mapping
 
-from .. import registry
 from ..config import ConfigError
-from ..evaluate import measure as timing
 from ..evaluate.gpu import WorkerError
-from ..types import Case
-from . import bench
 
-Spawn = Callable[[Mapping[str, Any]], Iterator[tuple]]
+Target = Callable[[Any, Mapping[str, Any]], None]        # the child's body: (pipe end, job), e.g. bench.child_main
+Spawn = Callable[[Mapping[str, Any], Target], Iterator[tuple]]
 
 
 class BenchProcessError(WorkerError):
@@ -31,45 +26,13 @@ class BenchProcessError(WorkerError):
     the command ends with that (exit 2), and the rows measured before it are kept."""
 
 
-def child_main(conn: Any, job: Mapping[str, Any]) -> None:
-    """The child: the timing session, then the job's cases in order, each row sent as soon as it is measured."""
-    try:
-        problem = registry.load("problem", job["problem"])
-        subject = bench.make_subject(problem, job["subject"])
-        timer, stream, copy, head = bench.session(job["graph_below_us"])
-        conn.send(("start", head))
-        with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp:
-            compiled = bench.Compiled(problem, tmp)
-            try:
-                for key in job["cases"]:
-                    try:
-                        row = bench.bench_case(problem, subject, compiled, timer, stream, Case.parse(key),
-                                               job["baselines"], job["reps"], job["repeat"], copy,
-                                               job["skip"].get(key))
-                    except bench.Crashed as exc:
-                        conn.send(("crashed", exc.case, exc.provider, exc.why))
-                        return
-                    conn.send(("row", row))
-            finally:
-                compiled.compiler.close()
-        conn.send(("done", {"clocks_after": timing.clocks()}))
-    except KeyboardInterrupt:   # Ctrl-C reaches the whole process group: the parent reports what was measured
-        conn.send(("interrupted",))
-    except ConfigError as exc:
-        conn.send(("config_error", str(exc)))
-    except Exception:
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
-
-
-def spawn(job: Mapping[str, Any]) -> Iterator[tuple]:
-    """Run child_main in a fresh process and yield its messages; ("died", exit code) if it ends without a last
-    word. Closing the iterator stops the child."""
+def spawn(job: Mapping[str, Any], target: Target) -> Iterator[tuple]:
+    """Run target(pipe, job) in a fresh process and yield its messages; ("died", exit code) if it ends without a
+    last word. Closing the iterator stops the child."""
     import multiprocessing
     ctx = multiprocessing.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=child_main, args=(send, dict(job)), name="kf-bench")
+    proc = ctx.Process(target=target, args=(send, dict(job)), name="kf-bench")
     proc.start()
     send.close()
     last = None
@@ -96,7 +59,7 @@ def spawn(job: Mapping[str, Any]) -> Iterator[tuple]:
             proc.join()
 
 
-def measure(job: Mapping[str, Any], head: Mapping[str, Any],
+def measure(job: Mapping[str, Any], head: Mapping[str, Any], target: Target,
             on_row: Callable[[dict[str, Any]], None] | None = None, spawn_child: Spawn | None = None) -> dict:
     """The bench result: `head` plus the rows of every case of the job, measured by as many children as crashes
     need. on_row gets the result so far after every row but the last."""
@@ -121,7 +84,7 @@ def measure(job: Mapping[str, Any], head: Mapping[str, Any],
         return out
     while todo:
         child = {**job, "cases": list(todo), "skip": {k: dict(v) for k, v in skip.items()}}   # a copy: todo shrinks
-        crash = run_child(spawn_child, child, info, rows, todo,
+        crash = run_child(spawn_child(child, target), info, rows, todo,
                           lambda: on_row(result()) if on_row is not None and len(rows) < total else None)
         if crash is not None:
             case, provider, why = crash
@@ -130,12 +93,12 @@ def measure(job: Mapping[str, Any], head: Mapping[str, Any],
     return result()
 
 
-def run_child(spawn_child: Spawn, job: Mapping[str, Any], info: dict[str, Any], rows: list, todo: list,
+def run_child(messages: Iterator[tuple], info: dict[str, Any], rows: list, todo: list,
               after_row: Callable[[], Any]) -> tuple[str, str, str] | None:
     """One child's messages: rows appended (and taken off todo), the first child's head kept in info; returns the
     crash that ended it, if one did."""
     started = False
-    with contextlib.closing(spawn_child(job)) as messages:
+    with contextlib.closing(messages):
         for msg in messages:
             kind = msg[0]
             if kind == "start":

@@ -219,11 +219,10 @@ def peers_of(target: ReportTarget, result: Mapping[str, Any], rows: Sequence[Map
             for n, k in counts.items():
                 into[n] = into.get(n, 0) + k
     if lacking:
-        names, many = ",".join(lacking), len(lacking) > 1
-        raise ConfigError(f"targets report {target.name!r}: {target.bench} lacks {'peers' if many else 'peer'} "
+        names, it = ",".join(lacking), "them" if len(lacking) > 1 else "it"
+        raise ConfigError(f"targets report {target.name!r}: {target.bench} lacks {'peers' if it == 'them' else 'peer'} "
                           f"{', '.join(lacking)} ({'; '.join(f'{n} {why[:100]}' for n, why in lacking.items())}), "
-                          f"so its 'vs best peer' would leave {'them' if many else 'it'} out unsaid; bench {'them' if many else 'it'}, or "
-                          f"add `without: [{names}]` "
+                          f"so its 'vs best peer' would leave {it} out unsaid; bench {it}, or add `without: [{names}]` "
                           f"to the report (or --without {names})")
     note = peers.Account(tuple(timed), gone, crashed, {}, labels).note()
     return {"timed": timed, "best_of": [n for n in bench_report.peer_set(result) if n not in allowed],

@@ -111,8 +111,10 @@ def bench_heldout(problem: str, table: Path, cases: Sequence[Case], out: Path, r
     """Bench the table on the held-out cases, one bench per dtype, joined (needs a GPU). Every peer is checked to
     load before the first dtype is timed. After every row the result so far is written to `out`, so that a bench
     cut short keeps what it measured."""
+    from ..evaluate.gpu import gpu_unavailable_reason
     dtypes = sorted({c.dtype for c in cases})
-    peers.choose(registry.load("problem", problem), "heldout", None, without, False)
+    on_gpu = gpu_unavailable_reason() is None   # elsewhere the first bench says it needs a GPU, and how to re-render
+    peers.choose(registry.load("problem", problem), "heldout", None, without, False, imports=on_gpu)
     parts: list[dict[str, Any]] = []
 
     def keep(partial: dict[str, Any]) -> None:
