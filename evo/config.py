@@ -144,6 +144,7 @@ class WorkloadConfig:
     # (genes are dtype-free; the panel and the rule stay per dtype): a third of the searches.
     bucket_by_dtype: bool = True
     validate: bool = True                     # end with the held-out bench (on a GPU; `kernel-factory heldout` later)
+    without: tuple[str, ...] = ()             # declared peers the held-out bench leaves out (its lines say so)
     # A later pass over a finished campaign: skip the bucket searches and take their winners from this campaign folder
     # (its journals/), to re-time and re-learn with more genomes or shapes.
     searched_from: str | None = None

@@ -92,8 +92,8 @@ class Problem(Protocol):
     dtypes: tuple[str, ...]                              # torch dtype names, e.g. "bfloat16"
     shape_sets: Mapping[str, tuple[tuple[int, ...], ...]]  # keys: SHAPE_SETS
     baselines: tuple[str, ...]                           # names accepted by baseline(); the first is the default
-    # Optional capabilities, each a protocol below: PublishedPeers, SpecialInputs, RowReference, ExpectedSass,
-    # DeclaresDeterminism (see the RMSNorm problems).
+    # Optional capabilities, each a protocol below: PublishedPeers, DeclaresPeers, SpecialInputs, RowReference,
+    # ExpectedSass, DeclaresDeterminism (see the RMSNorm problems).
 
     def template(self) -> str:
         """CUDA C++ source that compiles as-is: each gene is a #define with a default."""
@@ -130,6 +130,24 @@ class PublishedPeers(Protocol):
     """Names the baselines that are published kernels: the bench's "best peer" is the fastest of them."""
 
     peers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A baseline that bench, heldout and gap time beside ours by default. Each must load and run, or the command
+    must be told to go on without it (`--without NAME`), and then every headline says so."""
+
+    baseline: str              # the name baseline() takes
+    label: str                 # as headlines name it: "QuACK", "INT21", "torch.compile"
+    module: str | None = None  # imported before anything is timed: a peer that cannot load stops the command there
+    tuned: bool = False        # tunes itself at each new shape (tens of seconds): timed on the benchmark rows only
+
+
+@runtime_checkable
+class DeclaresPeers(Protocol):
+    """Declares the peers the reports time by default (every one, unless a command leaves one out by name)."""
+
+    declared_peers: tuple[Peer, ...]
 
 
 @runtime_checkable

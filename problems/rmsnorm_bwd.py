@@ -15,6 +15,7 @@ from ..evo.protocols import Launch, MissingBaseline, launch_from_recipe
 from ..evo.types import Case, Gene, GeneSpace, GeneValue
 from ..evo.workload import Workload
 from ..kernels import templates
+from .rmsnorm_fwd import PEERS
 from .rmsnorm_bwd_plan import (  # noqa: F401  (re-exported: tests and tools read them here)
     DIRECT_ROWS, DTYPE_BYTES, DW_THREADS, EPS, MAX_SMEM_PER_CTA, MAX_STATIC_SMEM, MIN_RING_THREADS_PER_SM,
     MAX_CTAS_PER_SM, MAX_ROWS_PER_CTA, MIN_THREADS_PER_SM, PLAN_DW_GLOBAL, PLAN_DW_SMEM, PLAN_VECTOR,
@@ -126,6 +127,7 @@ class RmsNormBackward:
     workload = Workload(dtypes=dtypes)
     baselines = ("torch_eager", "torch_compile", "quack", "quack_tuned", "liger", "int21", "factory_op")
     peers = ("quack", "quack_tuned", "int21")   # the published kernels the targets are set against (best peer)
+    declared_peers = PEERS                      # what bench, heldout and gap time by default (the forward's)
     row_outputs = ("dx",)   # outputs split by rows; dw sums over every row (see reference_rows)
 
     def template(self) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..evo.protocols import Launch
+from ..evo.protocols import Launch, Peer
 from ..evo.types import Case, Gene, GeneSpace, GeneValue
 from ..kernels import templates
 from .rmsnorm_fwd import EPS, RmsNormForward
@@ -43,6 +43,8 @@ class RmsNormFaults(RmsNormForward):
     space = SPACE
     dtypes = ("bfloat16",)
     baselines = ("torch_eager",)
+    peers = ("torch_eager",)
+    declared_peers = (Peer("torch_eager", "torch eager"),)
     expected_sass = None   # the faults select no PTX flavours: nothing to check in their binaries
 
     def template(self) -> str:

@@ -43,7 +43,8 @@ def fake_result(problem: str, dtypes, n_rows: int = 2) -> dict:
                          "bytes": 1 << 20, "providers": {SUBJECT: {"us": 10.0, "pct_copy": 50.0 + i},
                                                          "int21": {"us": 9.0 if i % 2 == 0 else 12.0}}})
     return {"format": "kernel-factory-bench/1", "problem": problem, "subject": f"table of {problem}",
-            "baselines": ["int21"], "peers": ["int21"], "reps": 20, "repeat": 1, "graph_below_us": 30.0,
+            "baselines": ["int21"], "peers": ["int21"], "declared": ["int21"], "without": {},
+            "labels": {"int21": "INT21"}, "reps": 20, "repeat": 1, "graph_below_us": 30.0,
             "copy_gbps": 4000.0, "wall_s": 1.0, "fingerprint": {"gpu": "TEST GPU", "date": "2026-12-01"},
             "rows": rows}
 
@@ -53,9 +54,10 @@ def fake_bench(monkeypatch):
     """bench.run replaced: each call is recorded, its rows streamed through on_row as the real one does."""
     calls = []
 
-    def run(problem, subject, shapes, dtypes, baselines, reps, repeat, graph_below_us, on_row=None):
+    def run(problem, subject, shapes, dtypes, baselines, reps, repeat, graph_below_us, on_row=None, without=()):
         calls.append({"problem": problem, "subject": subject, "shapes": shapes, "dtypes": dtypes,
-                      "baselines": baselines, "reps": reps, "repeat": repeat, "graph": graph_below_us})
+                      "baselines": baselines, "reps": reps, "repeat": repeat, "graph": graph_below_us,
+                      "without": without})
         full = fake_result(problem, dtypes)
         for k in range(1, len(full["rows"])):
             on_row({**full, "rows": full["rows"][:k], "partial": f"{k} of {len(full['rows'])} cases"})
@@ -77,9 +79,10 @@ def test_a_suite_runs_its_parts_in_order_and_writes_one_report(tmp_path, fake_be
     assert md in capsys.readouterr().out
     summary = [line for line in md.splitlines() if line.startswith("| 0 ") or line.startswith("| 1 ")]
     want = f"{math.sqrt(0.9 * 1.2):.3f}"
-    assert summary == [f"| 0 | rmsnorm_fwd | bfloat16 | 2 of 2 | {want} | 0.900 (bfloat16:1024x256) | 50–51% |",
-                       f"| 0 | rmsnorm_fwd | float16 | 2 of 2 | {want} | 0.900 (float16:1024x256) | 50–51% |",
-                       f"| 1 | rmsnorm_bwd | bfloat16 | 2 of 2 | {want} | 0.900 (bfloat16:1024x256) | 50–51% |"]
+    assert summary == [
+        f"| 0 | rmsnorm_fwd | bfloat16 | 2 of 2 | {want} | 0.900 (bfloat16:1024x256) | 50–51% | all ran |",
+        f"| 0 | rmsnorm_fwd | float16 | 2 of 2 | {want} | 0.900 (float16:1024x256) | 50–51% | all ran |",
+        f"| 1 | rmsnorm_bwd | bfloat16 | 2 of 2 | {want} | 0.900 (bfloat16:1024x256) | 50–51% | all ran |"]
     assert "## Part 0: table of rmsnorm_fwd" in md and "## Part 1: table of rmsnorm_bwd" in md
     lines = (tmp_path / "out/bench.csv").read_text().splitlines()
     rows = list(csv.DictReader(io.StringIO("\n".join(l for l in lines if not l.startswith("#")))))
@@ -89,7 +92,7 @@ def test_a_suite_runs_its_parts_in_order_and_writes_one_report(tmp_path, fake_be
 
 
 def test_a_suite_stopped_in_its_second_part_keeps_the_first(tmp_path, monkeypatch, capsys):
-    def run(problem, subject, shapes, dtypes, baselines, reps, repeat, graph_below_us, on_row=None):
+    def run(problem, subject, shapes, dtypes, baselines, reps, repeat, graph_below_us, on_row=None, without=()):
         full = fake_result(problem, dtypes)
         if problem == "rmsnorm_bwd":
             on_row({**full, "rows": full["rows"][:1], "partial": "1 of 2 cases"})

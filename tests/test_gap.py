@@ -56,8 +56,9 @@ def setup(tmp_path, rmsnorm):
     write_journal(runs, "replayed", "replay", [result(genome(rmsnorm, unroll=1), {A: 1.0}, evaluator="replay")])
     other = write_journal(runs, "other-gpu", "gpu", [result(genome(rmsnorm, unroll=4), {A: 1.0})])
     other.write_text(other.read_text().replace("NVIDIA H200", "NVIDIA H100"))
+    # the bench did not time QuACK's tuned entry point: the report says so (gap refuses it otherwise)
     targets = {"runs": [str(runs)], "reports": [{"name": "bf16", "bench": str(bench), "dtypes": ["bfloat16"],
-                                                 "geomean": 1.0, "floor": 0.97}]}
+                                                 "geomean": 1.0, "floor": 0.97, "without": ["quack_tuned"]}]}
     return tmp_path, targets, (best, near, far)
 
 

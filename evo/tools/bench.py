@@ -1,19 +1,23 @@
-"""`kernel-factory bench`: one kernel against every baseline available, side by side in one process on one GPU.
+"""`kernel-factory bench`: one kernel against its peers, side by side in one process on one GPU.
 
-Every provider (the subject and each baseline) is first checked against the fp32 reference on the row's inputs:
-the subject must pass the problem's tolerance; a baseline outside it is still timed and the row notes how far off it
-is (a peer that accumulates in bf16, say), while one that fails to run is reported without a time. Then all are timed interleaved sample by sample (A B C A B C ..., an L2 flush before each sample), so
-that clock or thermal drift falls on all alike. Launches shorter than --graph-below-us are timed as CUDA-graph
-replays where the provider can be captured, and the row says so. `--repeat 2` times the subject a second time in
-a separate pass and reports how far the two medians of each row are apart. Results: a table (worst rows first),
-CSV, JSON and a PNG, each with the environment fingerprint (bench_report.py renders them; `--from` re-renders a
-recorded JSON on a machine without a GPU).
+The problem declares its peers (tools/peers.py); every one must load, or the command says which cannot and why and
+stops before anything is timed, unless it is left out by name (`--without`), which every headline then says. Every
+provider (the subject and each baseline) is first checked against the fp32 reference on the row's inputs: the
+subject must pass the problem's tolerance; a baseline outside it is still timed and the row notes how far off it is
+(a peer that accumulates in bf16, say), while one that fails on the row is recorded without a time. A provider that
+crashes (a CUDA error that poisons the context) is recorded as crashed on that row, and the bench goes on from that
+row in a fresh process (bench_process.py) without it there. Then all are timed interleaved sample by sample (A B C A
+B C ..., an L2 flush before each sample), so that clock or thermal drift falls on all alike. Launches shorter than
+--graph-below-us are timed as CUDA-graph replays where the provider can be captured, and the row says so. `--repeat
+2` times the subject a second time in a separate pass and reports how far the two medians of each row are apart.
+Results: a table (worst rows first), CSV, JSON and a PNG, each with the environment fingerprint (bench_report.py
+renders them; `--from` re-renders a recorded JSON on a machine without a GPU).
 """
 from __future__ import annotations
 
 import json
 import tempfile
-import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -23,17 +27,18 @@ from ..build import shapes_of
 from ..config import ConfigError
 from ..evaluate import gate, launcher, measure, render
 from ..evaluate.compile import CompileJob, Compiler
-from ..protocols import MissingBaseline, Problem, PublishedPeers
+from ..protocols import MissingBaseline, Problem
 from ..types import Candidate, Case, Genome, GeneValue
+from . import peers
+from .peers import COPY, SUBJECT  # noqa: F401  (re-exported: tools and tests read them here)
 
-SUBJECT = "factory"
-COPY = "copy"   # a device copy moving the row's bytes, timed with the providers: the row's own roofline
 
+class Crashed(Exception):
+    """A provider poisoned the CUDA context on a case: nothing more can run in this process."""
 
-def peer_set(result: Mapping[str, Any]) -> list[str]:
-    """The baselines that define the best peer in a bench result: the problem's published peers that were benched
-    (run() records them), else every baseline."""
-    return list(result.get("peers") or result["baselines"])
+    def __init__(self, case: str, provider: str, why: str):
+        super().__init__(f"{provider} crashed on {case}: {why}")
+        self.case, self.provider, self.why = case, provider, why
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,9 @@ class Compiled:
 
 def providers(problem: Problem, subject: Subject, compiled: Compiled, stream: Any, case: Case,
               inputs: Mapping[str, Any], baselines: Sequence[str]) -> dict[str, Callable[[], Mapping[str, Any]] | str]:
-    """name -> zero-argument callable returning the outputs, or a string saying why it is unavailable."""
+    """name -> zero-argument callable returning the outputs, or a string saying why it is unavailable. Each setup
+    is synchronized (some run the peer: an autotuner, a forward pass), so that a crash is charged to its maker."""
+    import torch
     out: dict[str, Any] = {}
     if subject.genes_for is None:
         try:
@@ -94,11 +101,35 @@ def providers(problem: Problem, subject: Subject, compiled: Compiled, stream: An
     for name in baselines:
         try:
             out[name] = problem.baseline(name, case, inputs)
+            torch.cuda.synchronize()
         except MissingBaseline as exc:
-            out[name] = f"unavailable: {exc}"
+            out[name] = f"unavailable: {exc}" if context_alive() else f"crashed: {exc}"
         except Exception as exc:  # a peer whose setup rejects this shape (e.g. a block size limit)
-            out[name] = f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+            out[name] = failure(exc)
+        if str(out[name]).startswith("crashed"):
+            break   # nothing more can run here; the row is done again in a fresh process without it
     return out
+
+
+def failure(exc: BaseException) -> str:
+    """A provider's exception as a row's error: "crashed: ..." when it left the CUDA context unusable (asked of the
+    context itself, not read from the message), else "failed: ..."."""
+    why = f"{type(exc).__name__}: {peers.first_line(exc)}"
+    return f"failed: {why}" if context_alive() else f"crashed: {why}"
+
+
+def context_alive() -> bool:
+    """Whether this process can still run CUDA work. Tried twice: an ordinary error that the failed call left
+    pending surfaces once and is cleared (so it no longer fails the next provider); a sticky one fails every time."""
+    import torch
+    for _ in range(2):
+        try:
+            torch.cuda.synchronize()
+            if torch.ones(1, device="cuda").add_(1).item() == 2.0:
+                return True
+        except Exception:
+            continue
+    return False
 
 
 def check(problem: Problem, case: Case, inputs: Mapping[str, Any], fn: Callable[[], Mapping[str, Any]]) -> str | None:
@@ -108,7 +139,7 @@ def check(problem: Problem, case: Case, inputs: Mapping[str, Any], fn: Callable[
         got = fn()
         torch.cuda.synchronize()
     except Exception as exc:  # a baseline that fails on this shape (e.g. an autotuner config that cannot launch)
-        return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        return failure(exc)
     ref = problem.reference(inputs)
     for name, want in ref.items():
         if name in got:
@@ -119,16 +150,32 @@ def check(problem: Problem, case: Case, inputs: Mapping[str, Any], fn: Callable[
 
 
 def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: measure.Timer, stream: Any,
-               case: Case, baselines: Sequence[str], reps: int, repeat: int, copy_gbps: float) -> dict[str, Any]:
+               case: Case, baselines: Sequence[str], reps: int, repeat: int, copy_gbps: float,
+               skip: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """One row: every provider checked, then timed side by side. `skip`: providers that crashed on this case in an
+    earlier process (recorded, not run again). Raises Crashed when a provider poisons the context here."""
     import torch
-    inputs = problem.make_inputs(case, seed=2026, device="cuda")
+    skip = skip or {}
     row: dict[str, Any] = {"case": case.key, "dtype": case.dtype, "shape": list(case.shape),
                            "bytes": problem.bytes_moved(case), "providers": {}}
-    fns = providers(problem, subject, compiled, stream, case, inputs, baselines)
+    if "*" in skip:   # the row crashed where no one provider can be blamed (while timing): recorded, not timed
+        row["crashed"] = skip["*"]
+        return row
+    inputs = problem.make_inputs(case, seed=2026, device="cuda")
+    fns = providers(problem, subject, compiled, stream, case, inputs, [b for b in baselines if b not in skip])
+    for name, fn in fns.items():
+        if isinstance(fn, str) and fn.startswith("crashed"):
+            raise Crashed(case.key, name, fn)
     ready: dict[str, Callable[[], Any]] = {}
     notes: dict[str, str] = {}
-    for name, fn in fns.items():
+    for name in [SUBJECT, *baselines]:
+        if name in skip:
+            row["providers"][name] = {"error": skip[name], "crashed": True}
+            continue
+        fn = fns[name]
         why = fn if isinstance(fn, str) else check(problem, case, inputs, fn)
+        if why and why.startswith("crashed"):
+            raise Crashed(case.key, name, why)
         if why and (name == SUBJECT or not why.startswith("incorrect")):
             row["providers"][name] = {"error": why}
             continue
@@ -136,17 +183,23 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
             notes[name] = why
         ready[name] = fn
     ready[COPY] = row_copy(row["bytes"])
-    timed, graphed = graph_where_short(timer, ready)
-    for rep in range(max(1, repeat) if SUBJECT in timed else 1):
-        names = list(timed) if rep == 0 else [SUBJECT]
-        for name, t in zip(names, timer.time_interleaved([timed[n] for n in names], reps)):
-            if rep == 0:
-                gbps = row["bytes"] / (t.median_us * 1e-6) / 1e9
-                row["providers"][name] = {"us": t.median_us, "iqr_us": t.iqr_us, "gbps": gbps,
-                                          "pct_copy": 100 * gbps / copy_gbps, "graph": name in graphed,
-                                          "reps": t.reps, **({"note": notes[name]} if name in notes else {})}
-            else:
-                row["providers"][name].setdefault("repeat_us", []).append(t.median_us)
+    try:
+        timed, graphed = graph_where_short(timer, ready)
+        for rep in range(max(1, repeat) if SUBJECT in timed else 1):
+            names = list(timed) if rep == 0 else [SUBJECT]
+            for name, t in zip(names, timer.time_interleaved([timed[n] for n in names], reps)):
+                if rep == 0:
+                    gbps = row["bytes"] / (t.median_us * 1e-6) / 1e9
+                    row["providers"][name] = {"us": t.median_us, "iqr_us": t.iqr_us, "gbps": gbps,
+                                              "pct_copy": 100 * gbps / copy_gbps, "graph": name in graphed,
+                                              "reps": t.reps, **({"note": notes[name]} if name in notes else {})}
+                else:
+                    row["providers"][name].setdefault("repeat_us", []).append(t.median_us)
+    except Exception as exc:   # interleaved: which provider broke the context cannot be told apart
+        why = failure(exc)
+        if why.startswith("crashed"):
+            raise Crashed(case.key, "*", why) from None
+        raise
     del inputs
     torch.cuda.empty_cache()
     return row
@@ -174,68 +227,79 @@ def graph_where_short(timer: measure.Timer, fns: Mapping[str, Callable[[], Any]]
     return out, graphed
 
 
-def run(problem_name: str, subject_spec: Mapping[str, str], shapes: str, dtypes: Sequence[str],
+def run(problem_name: str, subject_spec: Mapping[str, str | None], shapes: str, dtypes: Sequence[str],
         baselines: Sequence[str] | None, reps: int, repeat: int, graph_below_us: float,
-        on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Time the subject and the baselines on every case. After each case, on_row (if given) gets the result so
-    far, marked `partial` ("K of N cases"), so that a bench cut short still leaves what it measured."""
-    import torch
+        on_row: Callable[[dict[str, Any]], None] | None = None, without: Sequence[str] = ()) -> dict[str, Any]:
+    """Time the subject and its peers (the problem's declared peers for these shapes, or `baselines`; less
+    `without`) on every case, in a child process (a fresh one after a crash). After each case, on_row (if given)
+    gets the result so far, marked `partial` ("K of N cases"), so that a bench cut short still leaves what it
+    measured. Checked before any GPU work: the problem, subject, cases, baselines, and that every peer loads."""
     problem = registry.load("problem", problem_name)
+    subject = make_subject(problem, subject_spec)
+    cases = parse_cases(problem, shapes, dtypes)
+    peers.parse_without(problem, without)
     from ..evaluate.gpu import gpu_unavailable_reason
     reason = gpu_unavailable_reason()
     if reason:
         raise ConfigError(f"bench needs an NVIDIA GPU ({reason}); on this machine, re-render a recorded result "
                           f"with `kernel-factory bench --from BENCH.json`")
-    subject = make_subject(problem, subject_spec)
-    cases = parse_cases(problem, shapes, dtypes)
-    wanted = check_baselines(problem, baselines, subject.genes_for is None)
+    choice = peers.choose(problem, shapes, baselines, without, subject.genes_for is None)
+    head = {"format": "kernel-factory-bench/1", "problem": problem.name, "subject": subject.label,
+            "baselines": list(choice.timed), "peers": peers.published(problem, choice.timed),
+            "declared": list(choice.declared), "without": dict(choice.without), "labels": dict(choice.labels),
+            "reps": reps, "repeat": repeat, "graph_below_us": graph_below_us}
+    job = {"problem": problem.name, "subject": dict(subject_spec), "cases": [c.key for c in cases],
+           "baselines": list(choice.timed), "reps": reps, "repeat": repeat, "graph_below_us": graph_below_us}
+    from . import bench_process
+
+    def with_ran(result: dict[str, Any]) -> dict[str, Any]:   # the record of which peers ran, per dtype
+        result["ran"] = {d: list(peers.account(result, d).ran) for d in peers.dtypes_of(result)}
+        return result
+    return with_ran(bench_process.measure(job, head, child_main, on_row and (lambda r: on_row(with_ran(r)))))
+
+
+def child_main(conn: Any, job: Mapping[str, Any]) -> None:
+    """The bench's child process (bench_process.py spawns it): the timing session, then the job's cases in order,
+    each row sent as soon as it is measured; a crash ends it. Only plain data comes in (names, case keys)."""
+    try:
+        problem = registry.load("problem", job["problem"])
+        subject = make_subject(problem, job["subject"])
+        timer, stream, copy, head = session(job["graph_below_us"])
+        conn.send(("start", head))
+        with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp:
+            compiled = Compiled(problem, tmp)
+            try:
+                for key in job["cases"]:
+                    try:
+                        row = bench_case(problem, subject, compiled, timer, stream, Case.parse(key),
+                                         job["baselines"], job["reps"], job["repeat"], copy, job["skip"].get(key))
+                    except Crashed as exc:
+                        conn.send(("crashed", exc.case, exc.provider, exc.why))
+                        return
+                    conn.send(("row", row))
+            finally:
+                compiled.compiler.close()
+        conn.send(("done", {"clocks_after": measure.clocks()}))
+    except KeyboardInterrupt:   # Ctrl-C reaches the whole process group: the parent reports what was measured
+        conn.send(("interrupted",))
+    except ConfigError as exc:
+        conn.send(("config_error", str(exc)))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def session(graph_below_us: float) -> tuple[measure.Timer, Any, float, dict[str, Any]]:
+    """This process's timing set-up: (timer, launch stream, copy bandwidth, the head's copy and fingerprint)."""
+    import torch
     stream_t = torch.cuda.Stream()
     torch.cuda.set_stream(stream_t)
-    stream = launcher.torch_stream()
     timer = measure.Timer(measure.TimingPolicy(warmup=3, graph_below_us=graph_below_us))
     before = measure.clocks()
     copy = measure.copy_bandwidth_gbps(timer)
-    started = time.perf_counter()
     fp = measure.fingerprint({"clocks_before": before, "copy_gbps": f"{copy:.0f}"})
-
-    def result(rows: list[dict[str, Any]]) -> dict[str, Any]:
-        out = {"format": "kernel-factory-bench/1", "problem": problem.name, "subject": subject.label,
-               "baselines": wanted, "peers": published_peers(problem, wanted), "reps": reps, "repeat": repeat,
-               "graph_below_us": graph_below_us, "copy_gbps": copy, "wall_s": time.perf_counter() - started,
-               "fingerprint": {**fp, "clocks_after": measure.clocks()}, "rows": list(rows)}
-        if len(rows) < len(cases):
-            out["partial"] = f"{len(rows)} of {len(cases)} cases"
-        return out
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp:
-        compiled = Compiled(problem, tmp)
-        try:
-            for c in cases:
-                rows.append(bench_case(problem, subject, compiled, timer, stream, c, wanted, reps, repeat, copy))
-                if on_row is not None and len(rows) < len(cases):
-                    on_row(result(rows))
-        finally:
-            compiled.compiler.close()
-    return result(rows)
-
-
-def check_baselines(problem: Problem, baselines: Sequence[str] | None, subject_is_op: bool) -> list[str]:
-    """The baselines to time: those asked for (None: all of the problem's), less the op when it is the subject
-    (it cannot be its own baseline); an unknown name is an error that lists the valid ones."""
-    own = "factory_op" if subject_is_op else None
-    wanted = [b for b in (baselines if baselines is not None else problem.baselines) if b != own]
-    unknown = [b for b in wanted if b not in problem.baselines]
-    if unknown:
-        raise ConfigError(f"--baselines: {problem.name} has no baseline {unknown[0]!r}; it has "
-                          f"{', '.join(problem.baselines)}")
-    return wanted
-
-
-def published_peers(problem: Problem, baselines: Sequence[str]) -> list[str]:
-    """Those of the baselines that the problem names as its published peers (`peers`, the kernels its targets are
-    set against); every baseline when it names none or none of them was benched."""
-    peers = problem.peers if isinstance(problem, PublishedPeers) else ()
-    return [b for b in peers if b in baselines] or list(baselines)
+    return timer, launcher.torch_stream(), copy, {"copy_gbps": copy, "fingerprint": fp}
 
 
 def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:

@@ -1,6 +1,7 @@
-"""`kernel-factory bench`: time a subject against every baseline (or a suite of benches), write the JSON after
-every case so that a bench stopped by Ctrl-C or SIGTERM keeps what it measured, compare with earlier results, and
-render the report. `--from` re-renders recorded results without timing anything."""
+"""`kernel-factory bench`: time a subject against its peers (or a suite of benches), write the JSON after every
+case so that a bench stopped by Ctrl-C or SIGTERM keeps what it measured, compare with earlier results, and render
+the report. A peer asked for that ran on no row is an error (exit 2) once the report is written, unless the command
+left it out (`--without`). `--from` re-renders recorded results without timing anything."""
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,8 @@ import sys
 import time
 
 from ..config import ConfigError
-from . import bench, bench_report, bench_suite
-from .exits import EXIT_FAILED, EXIT_INTERRUPTED, interrupt_code
+from . import bench, bench_report, bench_suite, peers
+from .exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, interrupt_code
 
 
 def main(args: argparse.Namespace) -> int:
@@ -35,7 +36,8 @@ def main(args: argparse.Namespace) -> int:
                             if getattr(args, f)]
                 if subjects:
                     raise ConfigError(f"--suite takes every part's settings from its file; drop --{subjects[0]}")
-                result = bench_suite.run(bench_suite.load(args.suite, reps=args.reps, repeat=args.repeat,
+                result = bench_suite.run(bench_suite.load(args.suite, peers.split_names(args.without),
+                                                          reps=args.reps, repeat=args.repeat,
                                                           graph_below_us=args.graph_below_us),
                                          args.suite, on_update=keep)
             else:
@@ -46,7 +48,8 @@ def main(args: argparse.Namespace) -> int:
                                    [d for d in (args.dtypes or "bfloat16").split(",") if d],
                                    [b for b in args.baselines.split(",") if b] if args.baselines is not None else None,
                                    args.reps or 50, args.repeat or 1,
-                                   30.0 if args.graph_below_us is None else args.graph_below_us, on_row=keep)
+                                   30.0 if args.graph_below_us is None else args.graph_below_us, on_row=keep,
+                                   without=peers.split_names(args.without))
         except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (main): report what was measured
             stopped = interrupt_code(exc)
             if not so_far:
@@ -68,12 +71,25 @@ def main(args: argparse.Namespace) -> int:
         print(f"kernel-factory: bench interrupted; the report covers what was measured ({result['partial']})",
               file=sys.stderr)
         return stopped
+    missing = [m for part in result.get("parts", [result]) for m in peers.not_run(part)]
+    if missing and not args.from_json:
+        print(not_run_line(missing), file=sys.stderr)
+        return EXIT_BAD_INPUT
     regressions = result.get("compared", {}).get("counts", {}).get("regression", 0)
     if regressions and not args.report_only:
         print(f"kernel-factory: {regressions} row(s) regressed by more than {args.regression_pct:g}% against "
               f"{', '.join(args.compare)} (exit {EXIT_FAILED}; --report-only exits 0)", file=sys.stderr)
         return EXIT_FAILED
     return 0
+
+
+def not_run_line(missing: list[tuple[str, str, str]]) -> str:
+    """One line for the peers that ran on no row: which, where, why, and the flag that accepts it."""
+    names = list(dict.fromkeys(n for n, _, _ in missing))
+    where = "; ".join(f"{n} on {d}: {why.removeprefix('ran on no row: ')[:120]}" for n, d, why in missing)
+    return (f"kernel-factory: error: {'peers' if len(names) > 1 else 'peer'} {', '.join(names)} ran on no row "
+            f"({where}); the report is written and says so; rerun with the peer fixed, or say it is left out "
+            f"with --without {','.join(names)} (exit {EXIT_BAD_INPUT})")
 
 
 def bench_progress(partial: dict, elapsed_s: float) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .bench import SUBJECT, peer_set
+from .peers import SUBJECT, peer_set
 
 # Between two H200 benches of the same backward kernels (docs/results/bench/bwd.json, and the previous table's in
 # history at 6e20ce6: runs/evidence/h200-2026-12-01/bench/call5-bwd-previous-table.json), rows from 1024 up moved

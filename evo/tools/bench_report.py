@@ -1,6 +1,8 @@
 """Render a bench result (bench.py's JSON): the table with the worst rows first, the geomean per baseline, the
-repeat spread, CSV, markdown and a PNG chart, each headed by the environment fingerprint. Runs without a GPU, so
-a recorded result can be re-rendered anywhere (`kernel-factory bench --from BENCH.json`)."""
+repeat spread, CSV, markdown and a PNG chart, each headed by the environment fingerprint. Which peers ran, which
+did not (and why) and where one crashed is said from the result itself (tools/peers.py): in the sentence naming the
+best peer, and on the geomean line. Runs without a GPU, so a recorded result can be re-rendered anywhere
+(`kernel-factory bench --from BENCH.json`)."""
 from __future__ import annotations
 
 import csv
@@ -10,8 +12,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import bench_compare
-from .bench import COPY, SUBJECT, peer_set
+from . import bench_compare, peers
+from .peers import COPY, SUBJECT, peer_set
 
 FINGERPRINT_KEYS = ("gpu", "sm_count", "driver", "cuda_driver_api", "cuda_runtime", "nvrtc", "torch",
                     "pkg.triton", "pkg.quack-kernels", "pkg.liger-kernel", "pkg.nvidia-cutlass-dsl", "clocks_before",
@@ -66,8 +68,35 @@ def fmt(v: float | None, spec: str = ".3f", suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
+def best_of_sentence(result: Mapping[str, Any]) -> str:
+    """"Best peer: the fastest of ... in each row", from the published peers that ran, per dtype where they differ."""
+    best_of = peer_set(result)
+    ran = {d: [n for n in best_of if n in peers.account(result, d).ran] for d in peers.dtypes_of(result)}
+    named = {d: ", ".join(names) or "none (no peer ran)" for d, names in ran.items()}
+    if len(set(named.values())) <= 1:
+        return f"Best peer: the fastest of {next(iter(named.values()), ', '.join(best_of))} in each row."
+    return "Best peer, the fastest in each row of: " + "; ".join(f"{d} {n}" for d, n in named.items()) + "."
+
+
+def peer_lines(result: Mapping[str, Any]) -> list[str]:
+    """Per dtype, each peer that did not run everywhere and why (left out, ran on no row, crashed, failed)."""
+    out = []
+    for dtype in peers.dtypes_of(result):
+        out += [f"- {dtype}: {line}" for line in peers.account(result, dtype).details()]
+    return ["Peers that did not run on every row:", *out] if out else []
+
+
+def headline_note(result: Mapping[str, Any]) -> str:
+    """The note of the geomean line: what the peers that did not run everywhere change, per dtype if it differs."""
+    notes = {d: peers.account(result, d).note() for d in peers.dtypes_of(result)}
+    if len(set(notes.values())) <= 1:
+        note = next(iter(notes.values()), "")
+        return f" ({note})" if note else ""
+    return " (" + "; ".join(f"{d}: {n or 'every peer'}" for d, n in notes.items()) + ")"
+
+
 def markdown(result: Mapping[str, Any]) -> str:
-    peers, best_of = result["baselines"], peer_set(result)
+    baselines = result["baselines"]
     fp = result["fingerprint"]
     lines = [f"# Bench: {result['subject']} ({result['problem']})", "",
              "Environment: " + "; ".join(f"{k} {fp[k]}" for k in FINGERPRINT_KEYS if k in fp), "",
@@ -75,7 +104,7 @@ def markdown(result: Mapping[str, Any]) -> str:
              f"{result['reps']} samples each, median (IQR in the JSON); launches under {result['graph_below_us']:g} "
              f"µs timed as CUDA-graph replays where capturable (marked g). Measured copy bandwidth "
              f"{result['copy_gbps']:.0f} GB/s. Ratio = baseline µs / ours (above 1: ours is faster). Worst rows "
-             f"first (by ratio to the best peer). Best peer: the fastest of {', '.join(best_of)} in each row.", ""]
+             f"first (by ratio to the best peer). {best_of_sentence(result)}", ""]
     if result.get("partial"):
         lines += [f"**Partial**: the bench was stopped after {result['partial']}; only those are here.", ""]
     row_copies = any("us" in r["providers"].get(COPY, {}) for r in result["rows"])
@@ -83,11 +112,11 @@ def markdown(result: Mapping[str, Any]) -> str:
         lines += [f"% row copy: a copy of the row's bytes, timed with the providers, over ours (its own time is in "
                   f"the JSON and CSV as provider '{COPY}'): the roofline at the row's size.", ""]
     head = ["case", "ours µs", "GB/s", "% copy", *(["% row copy"] if row_copies else []), "best peer",
-            "vs best"] + [f"vs {p}" for p in peers]
+            "vs best"] + [f"vs {p}" for p in baselines]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in worst_first(result):
         mine = row["providers"].get(SUBJECT, {})
-        best = best_peer(row, best_of)
+        best = best_peer(row, peer_set(result))
         copy = row["providers"].get(COPY, {}).get("us")
         cells = [row["case"], fmt(mine.get("us"), ".1f") + (" g" if mine.get("graph") else ""),
                  fmt(mine.get("gbps"), ".0f"), fmt(mine.get("pct_copy"), ".0f", "%"),
@@ -95,17 +124,22 @@ def markdown(result: Mapping[str, Any]) -> str:
                    else []),
                  f"{best[0]} {best[1]:.1f}" if best else "-",
                  fmt(best[1] / mine["us"] if best and "us" in mine else None)]
-        for p in peers:
+        for p in baselines:
             r = ratio(row, p)
             err = row["providers"].get(p, {}).get("error")
             mark = (" g" if row["providers"].get(p, {}).get("graph") else "") + \
                 (" *" if row["providers"].get(p, {}).get("note") else "")
-            cells.append(fmt(r) + mark if r else
+            cells.append(fmt(r) + mark if r else "crashed" if err and peers.crashed(row["providers"][p]) else
                          ("n/a" if err and err.startswith("unavailable") else ("fails" if err else "-")))
         if "error" in mine:
             cells[1] = f"ERROR: {mine['error'][:80]}"
+        if row.get("crashed"):
+            cells[1] = f"CRASHED: {row['crashed'][:80]}"
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Geomean of the ratios: " + "; ".join(f"{label} {fmt(value)}" for label, value in geomeans(result))]
+    lines += ["", f"Geomean of the ratios{headline_note(result)}: "
+              + "; ".join(f"{label} {fmt(value)}" for label, value in geomeans(result))]
+    if peer_lines(result):
+        lines += ["", *peer_lines(result)]
     spreads = [(row["case"], repeat_spread(row)) for row in result["rows"]]
     spreads = [(c, s) for c, s in spreads if s is not None]
     if spreads:

@@ -2,8 +2,11 @@
 written as one report: a summary per part and dtype, then each part's table, one CSV, one JSON and one chart.
 
 Each part is a bench.run (its providers timed side by side, its own copy-bandwidth measurement). Every part is
-checked before the first is timed, so that a typo in the last part costs no GPU time. The JSON is rewritten after
-every case of every part; a suite stopped part-way keeps the parts and cases it measured, marked partial.
+checked before the first is timed, its peers' imports included, so that a typo or a peer that cannot load in the
+last part costs no GPU time. A part times every peer its problem declares unless it names `baselines`, or leaves
+peers out with `without` (the command's --without adds to every part's); the summary says so per part and dtype.
+The JSON is rewritten after every case of every part; a suite stopped part-way keeps the parts and cases it
+measured, marked partial.
 `--from` takes a suite JSON, or several bench JSONs that it joins into a suite (each part still its own process).
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import config, registry
-from . import bench, bench_compare, bench_report
+from . import bench, bench_compare, bench_report, peers
 from ..config import ConfigError
 
 FORMAT = "kernel-factory-bench-suite/1"
@@ -32,7 +35,8 @@ class SuitePart:
     run: str | None = None
     genes: Mapping[str, Any] | None = None
     shapes: str = "benchmark"
-    baselines: tuple[str, ...] | None = None   # None: every baseline of the problem
+    baselines: tuple[str, ...] | None = None   # None: every peer the problem declares for these shapes
+    without: tuple[str, ...] = ()              # declared peers left out (the report says so)
     reps: int | None = None                    # None: the suite's
 
     def subject(self) -> dict[str, str | None]:
@@ -48,22 +52,26 @@ class Suite:
     graph_below_us: float = 30.0
 
 
-def load(path: str | Path, **overrides: Any) -> Suite:
-    """The suite file, every part checked against its problem (subject, dtypes, shapes, baselines) before any
-    GPU work. Overrides (reps, repeat, graph_below_us from the command line; None: not given) replace the file's."""
+def load(path: str | Path, without: Sequence[str] = (), **overrides: Any) -> Suite:
+    """The suite file, every part checked against its problem (subject, dtypes, shapes, baselines, and that each
+    peer to time loads here) before any GPU work. Overrides (reps, repeat, graph_below_us from the command line;
+    None: not given) replace the file's; `without` (--without) is added to every part's."""
     suite = config.build(Suite, config.load_mapping(path, "bench suite"))
     if not suite.parts:
         raise ConfigError("bench suite key 'parts' must list at least one part")
-    suite = dataclasses.replace(suite, **{k: v for k, v in overrides.items() if v is not None})
+    parts = tuple(dataclasses.replace(p, without=tuple(dict.fromkeys([*p.without, *without]))) for p in suite.parts)
+    suite = dataclasses.replace(suite, **{k: v for k, v in overrides.items() if v is not None}, parts=parts)
     if suite.reps < 1 or suite.repeat < 1 or any(p.reps is not None and p.reps < 1 for p in suite.parts):
         raise ConfigError("bench suite: reps and repeat must be >= 1")
+    from ..evaluate.gpu import gpu_unavailable_reason
+    on_gpu = gpu_unavailable_reason() is None   # peers are imported where they will be timed
     for i, part in enumerate(suite.parts):
         where = f"bench suite part {i} ({part.problem})"
         try:
             problem = registry.load("problem", part.problem)
             bench.make_subject(problem, part.subject())
             bench.parse_cases(problem, part.shapes, part.dtypes)
-            bench.check_baselines(problem, part.baselines, part.op)
+            peers.choose(problem, part.shapes, part.baselines, part.without, part.op, imports=on_gpu)
         except (ConfigError, registry.PluginError) as exc:
             raise ConfigError(f"{where}: {exc}") from None
     return suite
@@ -82,7 +90,7 @@ def read(name: str | Path) -> dict[str, Any]:
     for part in found:
         if "peers" not in part:
             try:
-                part["peers"] = bench.published_peers(registry.load("problem", part["problem"]), part["baselines"])
+                part["peers"] = peers.published(registry.load("problem", part["problem"]), part["baselines"])
             except (ConfigError, registry.PluginError):
                 pass   # a problem not installed here: every baseline counts
     return result
@@ -106,7 +114,7 @@ def run(suite: Suite, source: str, on_update: Callable[[dict[str, Any]], None] |
                 on_update(combined([*done, partial], len(suite.parts), source))
         done.append(run_part(part.problem, part.subject(), part.shapes, list(part.dtypes),
                              list(part.baselines) if part.baselines is not None else None, part.reps or suite.reps,
-                             suite.repeat, suite.graph_below_us, on_row=on_row))
+                             suite.repeat, suite.graph_below_us, on_row=on_row, without=part.without))
         if on_update is not None and len(done) < len(suite.parts):
             on_update(combined(done, len(suite.parts), source))
     return combined(done, len(suite.parts), source)
@@ -121,12 +129,12 @@ def summary_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per part and dtype: rows, geomean vs the best peer, the worst row, and the % of copy range."""
     out = []
     for i, part in enumerate(result["parts"]):
-        peers = bench_report.peer_set(part)
+        best_of = bench_report.peer_set(part)
         for dtype in sorted({r["dtype"] for r in part["rows"]}, key=[r["dtype"] for r in part["rows"]].index):
             rows = [r for r in part["rows"] if r["dtype"] == dtype]
             timed = [r for r in rows
-                     if "us" in r["providers"].get(bench.SUBJECT, {}) and bench_report.best_peer(r, peers)]
-            ratios = [(bench_report.best_peer(r, peers)[1] / r["providers"][bench.SUBJECT]["us"], r["case"])
+                     if "us" in r["providers"].get(bench.SUBJECT, {}) and bench_report.best_peer(r, best_of)]
+            ratios = [(bench_report.best_peer(r, best_of)[1] / r["providers"][bench.SUBJECT]["us"], r["case"])
                       for r in timed]
             pct = [r["providers"][bench.SUBJECT]["pct_copy"] for r in rows
                    if "pct_copy" in r["providers"].get(bench.SUBJECT, {})]
@@ -134,7 +142,8 @@ def summary_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
             out.append({"part": i, "problem": part["problem"], "dtype": dtype, "rows": len(rows),
                         "compared": len(ratios), "geomean": bench_report.geomean([r for r, _ in ratios]),
                         "worst": worst and worst[0], "worst_case": worst and worst[1],
-                        "pct_copy": (min(pct), max(pct)) if pct else None})
+                        "pct_copy": (min(pct), max(pct)) if pct else None,
+                        "peers": peers.account(part, dtype).note()})
     return out
 
 
@@ -144,13 +153,13 @@ def markdown(result: Mapping[str, Any]) -> str:
         lines += [f"**Partial**: {result['partial']}; only what was measured is here.", ""]
     lines += ["Each part was timed side by side in its own bench (one process per command; a suite runs its parts "
               "one after another in the same process). Ratio = best peer µs / ours (above 1: ours is faster).", "",
-              "| part | problem | dtype | rows | geomean vs best peer | worst row | ours % copy |",
-              "|---|---|---|---|---|---|---|"]
+              "| part | problem | dtype | rows | geomean vs best peer | worst row | ours % copy | peers |",
+              "|---|---|---|---|---|---|---|---|"]
     for s in summary_rows(result):
         pct = f"{s['pct_copy'][0]:.0f}–{s['pct_copy'][1]:.0f}%" if s["pct_copy"] else "-"
         worst = f"{s['worst']:.3f} ({s['worst_case']})" if s["worst"] is not None else "-"
         lines.append(f"| {s['part']} | {s['problem']} | {s['dtype']} | {s['compared']} of {s['rows']} | "
-                     f"{bench_report.fmt(s['geomean'])} | {worst} | {pct} |")
+                     f"{bench_report.fmt(s['geomean'])} | {worst} | {pct} | {s['peers'] or 'all ran'} |")
     if result.get("compared"):
         lines += bench_compare.section(result["compared"])
     for i, part in enumerate(result["parts"]):

@@ -15,6 +15,10 @@ from .. import registry
 from ..config import ConfigError
 from .exits import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_FAILED, interrupt_code, sigterm_as_interrupt
 
+WITHOUT_HELP = ("leave these declared peers out (comma list, e.g. quack,quack_tuned); every headline then says "
+                "so. Without it, a peer that cannot load stops the command before anything is timed (exit 2)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-factory", description="Evolve CUDA C++ kernels with inline PTX.")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -64,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     hel = sub.add_parser("heldout", help="bench a workload campaign's learned dispatch on its held-out shapes")
     hel.add_argument("campaign", help="the campaign folder (holds workload.json)")
     hel.add_argument("--from", dest="from_json", metavar="BENCH.json", help="re-render a recorded held-out bench")
+    hel.add_argument("--without", metavar="PEER,...", help=WITHOUT_HELP)
+    hel.add_argument("--out", metavar="DIR", help="with --from: also write the re-rendered heldout.md here")
     ben = sub.add_parser("bench", help="time a kernel against every baseline side by side (table, CSV, JSON, PNG)")
     ben.add_argument("--problem", help="the problem (default: rmsnorm_fwd)")
     ben.add_argument("--suite", help="a bench suite YAML: several benches in one command and one report "
@@ -75,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--op", action="store_true", help="the exported library op")
     ben.add_argument("--shapes", help="benchmark (default), heldout, correctness or MxN,MxN")
     ben.add_argument("--dtypes", help="comma list, e.g. bfloat16,float16 (default: bfloat16)")
-    ben.add_argument("--baselines", help="comma list (default: every baseline of the problem)")
+    ben.add_argument("--baselines", help="comma list (default: every peer the problem declares for the shapes)")
+    ben.add_argument("--without", metavar="PEER,...", help=WITHOUT_HELP)
     ben.add_argument("--reps", type=int, help="samples per provider per row (default 50; a suite's file sets its own)")
     ben.add_argument("--repeat", type=int, help="time the subject this many passes, a spread check (default 1)")
     ben.add_argument("--graph-below-us", type=float,
@@ -98,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     gap.add_argument("--stem", default="gap", help="file name stem in --out")
     gap.add_argument("--report-only", action="store_true",
                      help="exit 0 even when a target is missed (default: exit 1)")
+    gap.add_argument("--without", metavar="PEER,...",
+                     help="compute 'vs best peer' from benches that lack these peers (every report says so)")
     rep = sub.add_parser("report", help="write the results page from the committed raw results (no GPU)")
     rep.add_argument("--out", default="docs/results.md", help="the page to write (default docs/results.md)")
     rep.add_argument("--check", action="store_true", help="write nothing; exit 1 if --out differs from the page, or "
@@ -165,7 +174,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_heldout(args: argparse.Namespace) -> int:
     from .heldout import main_heldout
-    return main_heldout(args.campaign, args.from_json)
+    from .peers import split_names
+    return main_heldout(args.campaign, args.from_json, split_names(args.without), args.out)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -238,7 +248,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_gap(args: argparse.Namespace) -> int:
     from . import gap
-    analysis = gap.analyse(gap.load_targets(args.targets))
+    from .peers import split_names
+    analysis = gap.analyse(gap.load_targets(args.targets), split_names(args.without))
     print(gap.markdown(analysis))
     if args.out:
         print(f"written: {', '.join(str(p) for p in gap.write(analysis, args.out, args.stem))}", file=sys.stderr)

@@ -3,7 +3,9 @@ evidence for why, read from committed bench results and run journals (no GPU nee
 
 A targets file names bench results (bench.py's JSON: every provider timed side by side in one process) and, per
 report, the dtypes it covers, the geomean ratio to the best peer it must reach and the floor no row may fall below.
-For each report the gap report gives:
+The best peer is the fastest of the problem's published peers (`peers`) that belong on the rows; a bench in which
+one of them ran on no row of a dtype is refused, unless the report (`without:`) or the command (`--without`) goes on
+without it, and then its headline says so. For each report the gap report gives:
 - whether it is met: the geomean and the rows under the floor, worst first;
 - the roofline of each row: the time a copy of the row's bytes takes at the copy bandwidth measured in the same
   process, our share of it and the best peer's, and the ratio we would reach at that bandwidth (the ceiling). A row
@@ -28,11 +30,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import config
-from . import bench_report, bench_suite, export
-from .bench import COPY, SUBJECT
+from . import bench_report, bench_suite, export, peers
+from .peers import COPY, SUBJECT
 from ..config import ConfigError
 from .. import journal
-from ..protocols import Problem
+from ..protocols import Problem, PublishedPeers
 
 FORMAT = "kernel-factory-gap/1"
 MAX_CLOSE = 5
@@ -46,6 +48,7 @@ class ReportTarget:
     floor: float                             # no row below this ratio
     dtypes: tuple[str, ...] | None = None    # the bench rows counted (None: all)
     problem: str | None = None               # in a suite result, the part of this problem
+    without: tuple[str, ...] = ()            # published peers the bench may lack (or that are not counted): said so
 
 
 @dataclass(frozen=True)
@@ -192,16 +195,51 @@ def row_gap(row: Mapping[str, Any], peers: Sequence[str], copy_gbps: float, floo
     return out
 
 
+def peers_of(target: ReportTarget, result: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], problem: Problem,
+             without: Sequence[str] = ()) -> dict[str, Any]:
+    """The report's peers: those the bench timed on its rows, the published ones the best peer is the fastest of,
+    and those it goes on without (with why) for its headline. A published peer that ran on no row of a dtype is
+    refused in one line, unless the report or the command says `without` it."""
+    part = {**result, "rows": list(rows)}
+    published = problem.peers if isinstance(problem, PublishedPeers) else None
+    allowed = {*peers.parse_without(problem, target.without, f"targets report {target.name!r} 'without'"),
+               *peers.parse_without(problem, without)}
+    declared, _, labels = peers.recorded_peers(part, problem.name)
+    best = [n for n in declared if published is None or n in published]
+    timed, lacking, gone, crashed, failed = [], {}, {}, {}, {}
+    for dtype in peers.dtypes_of(part):
+        acct = peers.account(part, dtype, problem.name)
+        timed += [n for n in acct.ran if n not in timed]
+        for n in best:
+            if n in acct.without and n not in allowed:
+                lacking.setdefault(n, f"{dtype}: {acct.without[n]}")
+            elif n in acct.without or n in allowed:
+                gone.setdefault(n, acct.without.get(n, "left out by the targets (without)"))
+        for counts, into in ((acct.crashed, crashed), (acct.failed, failed)):
+            for n, k in counts.items():
+                into[n] = into.get(n, 0) + k
+    if lacking:
+        names, it = ",".join(lacking), "them" if len(lacking) > 1 else "it"
+        raise ConfigError(f"targets report {target.name!r}: {target.bench} lacks {'peers' if it == 'them' else 'peer'} "
+                          f"{', '.join(lacking)} ({'; '.join(f'{n} {why[:100]}' for n, why in lacking.items())}), "
+                          f"so its 'vs best peer' would leave {it} out unsaid; bench {it}, or add `without: [{names}]` "
+                          f"to the report (or --without {names})")
+    note = peers.Account(tuple(timed), gone, crashed, {}, labels).note()
+    return {"timed": timed, "best_of": [n for n in bench_report.peer_set(result) if n not in allowed],
+            "without": gone, "crashed": crashed, "failed": failed, "note": note}
+
+
 def report_gap(target: ReportTarget, result: Mapping[str, Any], problem: Problem,
-               index: Mapping[str, Sequence[export.Measurement]], close: float) -> dict[str, Any]:
+               index: Mapping[str, Sequence[export.Measurement]], close: float,
+               without: Sequence[str] = ()) -> dict[str, Any]:
     """One target against its bench result (read_bench) and what the searches found at its rows."""
     rows = [r for r in result["rows"] if target.dtypes is None or r["dtype"] in target.dtypes]
     if not rows:
         have = sorted({r["dtype"] for r in result["rows"]})
         raise ConfigError(f"targets report {target.name!r}: {target.bench} has no rows of dtypes "
                           f"{list(target.dtypes or [])}; it has {', '.join(have)}")
-    peers = bench_report.peer_set(result)
-    gaps = [row_gap(r, peers, result["copy_gbps"], target.floor) for r in rows]
+    who = peers_of(target, result, rows, problem, without)
+    gaps = [row_gap(r, who["best_of"], result["copy_gbps"], target.floor) for r in rows]
     for gap in gaps:
         gap["search"] = searched(problem, gap["case"], index.get(gap["case"], ()), close)
     timed = [g for g in gaps if "ratio" in g]
@@ -217,7 +255,8 @@ def report_gap(target: ReportTarget, result: Mapping[str, Any], problem: Problem
     fp = result["fingerprint"]
     return {"name": target.name, "problem": result["problem"], "bench": target.bench, "subject": result["subject"],
             "gpu": fp.get("gpu", "?"), "date": str(fp.get("date", "?"))[:10], "copy_gbps": round(result["copy_gbps"]),
-            "peers": peers, "partial": result.get("partial"), "copy": sorted({g["copy"] for g in timed}),
+            "peers": who["best_of"], **{k: who[k] for k in ("timed", "without", "crashed", "failed", "note")},
+            "partial": result.get("partial"), "copy": sorted({g["copy"] for g in timed}),
             "target": {"geomean": target.geomean, "floor": target.floor},
             "geomean": gm and round(gm, 4), "geomean_ceiling": ceiling and round(ceiling, 4),
             "rows_below_floor": len(below), "rows": len(gaps),
@@ -229,7 +268,8 @@ def report_gap(target: ReportTarget, result: Mapping[str, Any], problem: Problem
             "gaps": sorted(gaps, key=lambda g: g.get("ratio", -1.0))}
 
 
-def analyse(targets: Targets) -> dict[str, Any]:
+def analyse(targets: Targets, without: Sequence[str] = ()) -> dict[str, Any]:
+    """Every report against its bench; `without` (--without): published peers every bench may lack."""
     paths = journals(targets.runs)
     indexes: dict[tuple[str, str], tuple[Problem, dict[str, list[export.Measurement]]]] = {}
     reports = []
@@ -239,7 +279,7 @@ def analyse(targets: Targets) -> dict[str, Any]:
         if key not in indexes:
             problem = export.problem_plugin(key[0])
             indexes[key] = (problem, search_index(problem, paths, key[1]))
-        reports.append(report_gap(target, bench, *indexes[key], targets.close))
+        reports.append(report_gap(target, bench, *indexes[key], targets.close, without))
     return {"format": FORMAT, "close": targets.close, "journals": {k: str(v) for k, v in paths.items()},
             "met": all(r["met"] for r in reports), "reports": reports}
 
@@ -250,9 +290,10 @@ def _f(v: float | None, spec: str = ".3f") -> str:
 
 def _verdict(rep: Mapping[str, Any]) -> str:
     t = rep["target"]
+    note = f" ({rep['note']})" if rep.get("note") else ""
     if rep["met"]:
-        return f"**met**: geomean {_f(rep['geomean'])} ≥ {t['geomean']:g}, no row below {t['floor']:g}."
-    parts = [f"**not met**: geomean {_f(rep['geomean'])} (target {t['geomean']:g}, short by "
+        return f"**met**{note}: geomean {_f(rep['geomean'])} ≥ {t['geomean']:g}, no row below {t['floor']:g}."
+    parts = [f"**not met**{note}: geomean {_f(rep['geomean'])} (target {t['geomean']:g}, short by "
              f"{_f(rep['geomean_short_by'])}×), {rep['rows_below_floor']} of {rep['rows']} rows below "
              f"{t['floor']:g}."]
     if rep["geomean_ceiling"] is not None and rep["geomean_ceiling"] < t["geomean"]:
@@ -292,8 +333,12 @@ def markdown(analysis: Mapping[str, Any]) -> str:
     for rep in analysis["reports"]:
         lines += [f"## {rep['name']} ({rep['problem']})", "",
                   f"Bench: `{rep['bench']}` ({rep['subject']}; {rep['gpu']}, {rep['date']}, copy {rep['copy_gbps']} "
-                  f"GB/s; peers {', '.join(rep['peers'])}){'; PARTIAL: ' + rep['partial'] if rep['partial'] else ''}. "
-                  f"Copy µs: {'; '.join(rep['copy'])}.",
+                  f"GB/s){'; PARTIAL: ' + rep['partial'] if rep['partial'] else ''}. Peers timed: "
+                  f"{', '.join(rep['timed']) or 'none'}; the best peer is the fastest of {', '.join(rep['peers'])}"
+                  + "".join(f"; without {n}: {why}" for n, why in rep["without"].items())
+                  + "".join(f"; {n} {what} on {k} of {rep['rows']} rows" for what in ("crashed", "failed")
+                            for n, k in rep[what].items())
+                  + f". Copy µs: {'; '.join(rep['copy'])}.",
                   "", _verdict(rep), "",
                   "| case | ours µs | best peer µs | ratio | to floor | ours % copy | peer % copy | ceiling | "
                   "search |", "|---|---|---|---|---|---|---|---|---|"]

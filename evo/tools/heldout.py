@@ -1,12 +1,15 @@
 """The held-out validation of a workload campaign: its learned dispatch benched on shapes no search saw, against
-every peer, side by side in one process per dtype (`kernel-factory bench` rows: L2 flushed, interleaved, short
-launches as CUDA-graph replays), and one line per dtype:
+every peer the problem declares for such shapes (not the tuned ones: they tune at every new shape), side by side in
+one process per dtype (`kernel-factory bench` rows: L2 flushed, interleaved, short launches as CUDA-graph replays),
+and one line per dtype:
 
-    held-out fwd bf16: geomean 1.01x best peer over 48 shapes, worst 0.91x at 1x4096
+    held-out fwd bf16: geomean 1.07x best peer over 48 shapes (without QuACK), worst 0.62x at 1x8192
 
-A peer that fails on a shape, or whose output misses the problem's tolerance there, is named in the report and
-the row compares with the next peer. `kernel-factory heldout FOLDER` benches (GPU); `--from BENCH.json` re-renders
-a recorded bench anywhere.
+A peer that cannot load stops the command before anything is timed, unless `--without` leaves it out; the note in
+parentheses then says so, and says where a peer crashed ("INT21 crashed on 1 row"). A peer that fails or crashes on
+a shape, or whose output misses the problem's tolerance there, is named in the report and the row compares with the
+next peer. `kernel-factory heldout FOLDER` benches (GPU); `--from BENCH.json` re-renders a recorded bench anywhere
+(one recorded before benches named their peers included: what ran is read from its rows).
 """
 from __future__ import annotations
 
@@ -17,10 +20,10 @@ from typing import Any, Mapping, Sequence
 
 from .. import registry
 from ..config import ConfigError, RunConfig
+from ..protocols import Problem
 from ..types import Case
-from . import bench, bench_report, bench_suite
+from . import bench, bench_report, bench_suite, peers
 
-PEERS = ("int21", "quack", "liger", "torch_eager")   # QuACK untuned: its autotuner costs ~45 s per new shape
 SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 BENCH = "heldout-bench.json"
 REPORT = "heldout.md"
@@ -30,16 +33,17 @@ def part_name(problem: str) -> str:
     return "bwd" if problem.endswith("_bwd") else "fwd"
 
 
-def row_ratio(row: Mapping[str, Any], peers: Sequence[str]) -> tuple[float | None, str, list[str]]:
-    """(best eligible peer's time / ours, that peer, notes on peers left out: failed or outside tolerance)."""
+def row_ratio(row: Mapping[str, Any], ran: Sequence[str]) -> tuple[float | None, str, list[str]]:
+    """(best eligible peer's time / ours, that peer, notes on peers left out of the row: crashed, failed or outside
+    tolerance), among the peers that ran somewhere in the bench."""
     providers = row["providers"]
     notes, timed = [], []
-    for name in peers:
+    for name in ran:
         entry = providers.get(name)
         if entry is None:
             continue
         if "error" in entry:
-            notes.append(f"{name} failed: {entry['error'][:80]}")
+            notes.append(f"{name} {'crashed' if peers.crashed(entry) else 'failed'}: {entry['error'][:80]}")
         elif "note" in entry:
             notes.append(f"{name} left out: {entry['note'][:80]}")
         elif "us" in entry:
@@ -54,54 +58,83 @@ def row_ratio(row: Mapping[str, Any], peers: Sequence[str]) -> tuple[float | Non
 def summarize(result: Mapping[str, Any], problem: str) -> tuple[list[str], str]:
     """(the per-dtype lines, the markdown report) of a held-out bench (one bench result per dtype, joined)."""
     parts = result["parts"] if result.get("format") == bench_suite.FORMAT else [result]
-    rows = [r for part in parts for r in part["rows"]]
-    peers = [p for p in PEERS if any(p in r["providers"] for r in rows)]
-    lines, table = [], []
-    for dtype in sorted({r["dtype"] for r in rows}, key=list(SHORT).index):
-        ratios = []
-        for r in (r for r in rows if r["dtype"] == dtype):
-            ratio, peer, notes = row_ratio(r, peers)
-            shape = "x".join(map(str, r["shape"]))
-            if ratio is not None:
-                ratios.append((ratio, shape))
-            mine = r["providers"].get(bench.SUBJECT, {})
-            table.append(f"| {SHORT[dtype]} | {shape} | {_fmt(mine.get('us'))} | {peer or '-'} | "
-                         f"{_fmt(ratio, '.3f')} | {_fmt(mine.get('pct_copy'), '.0f')} | "
-                         f"{'; '.join(notes) or mine.get('error', '')} |")
-        if not ratios:
-            lines.append(f"held-out {part_name(problem)} {SHORT[dtype]}: no shape with both ours and a peer timed")
-            continue
-        geo = bench_report.geomean([v for v, _ in ratios])
-        worst = min(ratios)
-        lines.append(f"held-out {part_name(problem)} {SHORT[dtype]}: geomean {geo:.2f}x best peer over "
-                     f"{len(ratios)} shapes, worst {worst[0]:.2f}x at {worst[1]}")
-    md = "\n".join(["# Held-out validation", "", f"Peers: {', '.join(peers)} (the best correct one per row).", "",
-                    *[f"- `{line}`" for line in lines], "",
+    found = []   # (dtype, line, the peers that ran, details, table rows)
+    for part in parts:
+        for dtype in peers.dtypes_of(part):
+            acct, table = peers.account(part, dtype, problem), []
+            found.append((dtype, headline(part, dtype, acct, problem, table), acct.ran,
+                          [f"- {SHORT[dtype]}: {line}" for line in acct.details()], table))
+    found.sort(key=lambda f: list(SHORT).index(f[0]))
+    ran = {", ".join(f[2]) for f in found}
+    said = (f"Peers: {ran.pop()} (the best correct one per row)." if len(ran) == 1 else
+            "Peers, the best correct one per row of: " + "; ".join(f"{SHORT[f[0]]} {', '.join(f[2]) or 'none'}"
+                                                                 for f in found) + ".")
+    details = [line for f in found for line in f[3]]
+    tuned = [p.label for p in peers.declared(registry.load("problem", problem)) if p.tuned]
+    if tuned:
+        said += (f" Not timed on held-out shapes, by the problem's declaration: {', '.join(tuned)} (it tunes itself "
+                 f"at every new shape; it is timed on the benchmark rows).")
+    md = "\n".join(["# Held-out validation", "", said, "", *[f"- `{f[1]}`" for f in found], "",
+                    *(["Peers that did not run on every shape:", *details, ""] if details else []),
                     "| dtype | shape | ours µs | best peer | peer / ours | ours % copy | notes |",
-                    "|---|---|---|---|---|---|---|", *table]) + "\n"
-    return lines, md
+                    "|---|---|---|---|---|---|---|", *[row for f in found for row in f[4]]]) + "\n"
+    return [f[1] for f in found], md
+
+
+def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: str, table: list[str]) -> str:
+    """One dtype's line (its table rows appended to `table`): geomean and worst row against the best peer that ran."""
+    ratios = []
+    for r in (r for r in part["rows"] if r["dtype"] == dtype):
+        ratio, peer, notes = row_ratio(r, acct.ran)
+        shape = "x".join(map(str, r["shape"]))
+        if ratio is not None:
+            ratios.append((ratio, shape))
+        mine = r["providers"].get(bench.SUBJECT, {})
+        table.append(f"| {SHORT[dtype]} | {shape} | {_fmt(mine.get('us'))} | {peer or '-'} | "
+                     f"{_fmt(ratio, '.3f')} | {_fmt(mine.get('pct_copy'), '.0f')} | "
+                     f"{'; '.join(notes) or mine.get('error', '') or r.get('crashed', '')} |")
+    note = f" ({acct.note()})" if acct.note() else ""
+    if not ratios:
+        return f"held-out {part_name(problem)} {SHORT[dtype]}: no shape with both ours and a peer timed{note}"
+    geo = bench_report.geomean([v for v, _ in ratios])
+    worst = min(ratios)
+    return (f"held-out {part_name(problem)} {SHORT[dtype]}: geomean {geo:.2f}x best peer over {len(ratios)} "
+            f"shapes{note}, worst {worst[0]:.2f}x at {worst[1]}")
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def bench_heldout(problem: str, table: Path, cases: Sequence[Case], out: Path, reps: int = 20) -> dict[str, Any]:
-    """Bench the table on the held-out cases, one bench per dtype, joined (needs a GPU). After every row the result
-    so far is written to `out`, so that a bench cut short keeps what it measured."""
+def bench_heldout(problem: str, table: Path, cases: Sequence[Case], out: Path, reps: int = 20,
+                  without: Sequence[str] = ()) -> dict[str, Any]:
+    """Bench the table on the held-out cases, one bench per dtype, joined (needs a GPU). Every peer is checked to
+    load before the first dtype is timed. After every row the result so far is written to `out`, so that a bench
+    cut short keeps what it measured."""
+    from ..evaluate.gpu import gpu_unavailable_reason
     dtypes = sorted({c.dtype for c in cases})
+    on_gpu = gpu_unavailable_reason() is None   # elsewhere the first bench says it needs a GPU, and how to re-render
+    peers.choose(registry.load("problem", problem), "heldout", None, without, False, imports=on_gpu)
     parts: list[dict[str, Any]] = []
 
     def keep(partial: dict[str, Any]) -> None:
         out.write_text(json.dumps(bench_suite.join([*parts, partial], [f"held-out {d}" for d in dtypes]), indent=1))
     for dtype in dtypes:
         shapes = ",".join("x".join(map(str, c.shape)) for c in cases if c.dtype == dtype)
-        parts.append(bench.run(problem, {"table": str(table)}, shapes, [dtype], list(PEERS), reps, 1, 30.0,
-                               on_row=keep))
+        parts.append(bench.run(problem, {"table": str(table)}, shapes, [dtype], None, reps, 1, 30.0,
+                               on_row=keep, without=without))
     return bench_suite.join(parts, [f"held-out {d}" for d in dtypes])
 
 
-def validate(cfg: RunConfig, folder: Path, p: Any) -> list[str]:
+def check_peers(problem: Problem, without: Sequence[str]) -> None:
+    """Before a campaign's searches, on a GPU: every held-out peer not left out loads (else one line and exit 2)."""
+    from ..evaluate.gpu import gpu_unavailable_reason
+    without = peers.parse_without(problem, without, "config key 'workload.without'")
+    if gpu_unavailable_reason() is None:
+        peers.choose(problem, "heldout", None, without, False, how="-o 'workload.without=[{}]'")
+
+
+def validate(cfg: RunConfig, folder: Path, p: Any, without: Sequence[str] = ()) -> list[str]:
     """Step 5 of a campaign: bench on a GPU and write the report; elsewhere, say how to run it."""
     from ..evaluate.gpu import gpu_unavailable_reason
     reason = gpu_unavailable_reason()
@@ -109,7 +142,8 @@ def validate(cfg: RunConfig, folder: Path, p: Any) -> list[str]:
         print(f"workload: the held-out bench needs a GPU ({reason}); run `kernel-factory heldout {folder}` on "
               f"one", file=sys.stderr)
         return []
-    result = bench_heldout(cfg.problem, folder / "kernels" / "dispatch.json", p.split.heldout, folder / BENCH)
+    result = bench_heldout(cfg.problem, folder / "kernels" / "dispatch.json", p.split.heldout, folder / BENCH,
+                           without=without)
     return write(result, cfg.problem, folder)
 
 
@@ -121,15 +155,18 @@ def write(result: Mapping[str, Any], problem: str, folder: Path) -> list[str]:
     return lines
 
 
-def main_heldout(folder: str, from_json: str | None) -> int:
-    """`kernel-factory heldout FOLDER [--from BENCH.json]`."""
+def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = (), out: str | None = None) -> int:
+    """`kernel-factory heldout FOLDER [--from BENCH.json [--out DIR]] [--without PEER,...]`: exit 2 when a peer
+    asked for ran on no shape of a dtype (after the report is written)."""
+    if out and not from_json:
+        raise ConfigError("heldout --out goes with --from (a bench writes its report into the campaign folder)")
     path = Path(folder)
     plan_file = path / "workload.json"
     if not plan_file.is_file():
         raise ConfigError(f"heldout: {folder!r} is not a workload campaign folder (no workload.json)")
     plan = json.loads(plan_file.read_text())
     problem = plan["config"]["problem"]
-    registry.load("problem", problem)
+    peers.parse_without(registry.load("problem", problem), without)
     if from_json:
         try:
             result = json.loads(Path(from_json).read_text())
@@ -137,8 +174,16 @@ def main_heldout(folder: str, from_json: str | None) -> int:
             raise ConfigError(f"heldout --from {from_json!r}: {exc}") from None
         lines, md = summarize(result, problem)
         print(md if not lines else "\n".join(lines))
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / REPORT).write_text(md)
         return 0
     result = bench_heldout(problem, path / "kernels" / "dispatch.json", [Case.parse(k) for k in plan["heldout"]],
-                           path / BENCH)
+                           path / BENCH, without=without)
     write(result, problem, path)
+    missing = [m for part in result["parts"] for m in peers.not_run(part)]
+    if missing:
+        from .bench_command import not_run_line
+        print(not_run_line(missing), file=sys.stderr)
+        return 2
     return 0

@@ -86,7 +86,8 @@ def targets_table(from_root: bool = False) -> list[str]:
         top = line_of(GAP + ".md", f"## {rep['name']} (")
         rows = (top, line_of(GAP + ".md", "|---", top) + 1)
         worst = next((g for g in rep["gaps"] if "ratio" in g), None)
-        lines.append(f"| {link(GAP + '.md', rows, rep['name'], from_root)} ({rep['date']}) | "
+        note = f"; {rep['note']}" if rep.get("note") else ""
+        lines.append(f"| {link(GAP + '.md', rows, rep['name'], from_root)} ({rep['date']}{note}) | "
                      f"**{rep['geomean']:.3f}** ({rep['target']['geomean']:g}) | "
                      f"{rep['rows_below_floor']} of {rep['rows']} below {rep['target']['floor']:g} | "
                      + (f"{worst['case']} {worst['ratio']:.3f}" if worst else "-")
@@ -94,10 +95,17 @@ def targets_table(from_root: bool = False) -> list[str]:
     return lines
 
 
+def best_peers() -> str:
+    """Which peers each report's best peer is the fastest of, from the gap analysis (the peers its bench ran)."""
+    said = [f"{', '.join(rep['peers'])} ({rep['name']}{'; ' + rep['note'] if rep.get('note') else ''})"
+            for rep in gap.analyse(gap.load_targets(TARGETS))["reports"]]
+    return "; ".join(said)
+
+
 def section_targets() -> list[str]:
     return [f"Raw: {link(GAP + '.json')} (the analysis), {link(GAP + '.md')} (every row); "
             f"command: `{GAP_COMMAND}`. Ratio = best peer µs / ours, above 1 is faster; the best peer is the "
-            "fastest of QuACK (tuned and untuned) and INT21 in each row, timed in the same process.", "",
+            f"fastest in each row, timed in the same process, of: {best_peers()}.", "",
             *targets_table(), "",
             f"The bench it reads, `{RESULTS}/bench/rmsnorm-h200.json`, joins the three side-by-side benches below "
             f"(`kernel-factory bench --from ... --out {RESULTS}/bench --stem rmsnorm-h200`)."]

@@ -265,6 +265,9 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
     its cubins and sources beside it, and on a GPU the held-out report)."""
     p = plan(cfg)
     problem = registry.load("problem", cfg.problem)
+    if cfg.workload.validate:   # a peer the held-out bench cannot load stops the campaign now, not after the searches
+        from .heldout import check_peers
+        check_peers(problem, cfg.workload.without)
     campaign = campaign or new_run_id(f"{cfg.problem}-workload")
     folder = run_folder(cfg.out_dir, campaign, resume=False)
     (folder / PLAN).write_text(json.dumps({"campaign": campaign, "config": cfg.to_json(), **p.to_json()}, indent=1))
@@ -282,7 +285,7 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
         (folder / "kernels" / TABLE).write_text(dispatch.dumps(table))
         if cfg.workload.validate:
             from .heldout import validate   # the held-out bench needs a GPU; it says so and how to run it elsewhere
-            validate(cfg, folder, p)
+            validate(cfg, folder, p, cfg.workload.without)
         else:
             print(f"workload: held-out bench skipped (workload.validate is false); `kernel-factory heldout {folder}` "
                   f"runs it", file=sys.stderr)
