@@ -5,10 +5,10 @@
 #      suite (tests/gpu/run.sh)
 #   b  (carry .gpu-b): the search's fitness against its A/B re-time (python -m kernel_factory.evo.tools.agreement)
 #      for torch eager, torch.compile and Liger, on the RMSNorm quickstart and on the softmax plugin
-#   c  (carry .gpu-c): QuACK complete, every peer imports; the forward campaign's held-out bench and the forward
-#      benchmark rows with every peer
+#   c  (carry .gpu-c): QuACK complete, every peer imports; the forward campaign's held-out bench with every peer
+#   d  (nothing carried; the host of c): the forward bf16 benchmark rows with every peer, QuACK tuned included
 set -uo pipefail
-stage="${1:?usage: trust.sh a|b|c}"
+stage="${1:?usage: trust.sh a|b|c|d}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -21,12 +21,12 @@ a)
   tail -n 2 "$RES/host_setup.log"
   int21_build
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RES/gpu.txt"
-  OUT="$RES/gpu-suite" timeout 500 tests/gpu/run.sh -x -p no:cacheprovider 2>&1 | tail -n 25
+  OUT="$RES/gpu-suite" timeout 480 tests/gpu/run.sh -p no:cacheprovider --durations=15 2>&1 | tail -n 30
   ;;
 b)
   KF_PEERS=liger source tests/gpu/host_setup.sh .gpu-b > "$RES/host_setup.log" 2>&1 || { cat "$RES/host_setup.log"; exit 2; }
   timeout 330 python3 -m kernel_factory.evo.tools.agreement --config configs/quickstart.yaml \
-    --baselines torch_eager,torch_compile,liger -o search.generations=4 --out "$RES/agreement-quickstart" \
+    --baselines torch_eager,torch_compile,liger -o search.generations=3 --out "$RES/agreement-quickstart" \
     > "$RES/agreement-quickstart.log" 2>&1; tail -n 8 "$RES/agreement-quickstart.log"
   pack > /dev/null
   timeout 200 python3 -m kernel_factory.evo.tools.agreement --config configs/softmax.yaml \
@@ -39,10 +39,13 @@ c)
   tail -n 2 "$RES/host_setup.log"
   int21_wait 240 || exit 2
   cp -r docs/results/workload/h200-fwd-workload-2 /tmp/campaign
-  timeout 330 kernel-factory heldout /tmp/campaign 2>&1 | tee "$RES/heldout.log" | tail -n 6
-  cp /tmp/campaign/heldout* "$RES/" 2>/dev/null; pack > /dev/null
-  timeout 150 kernel-factory bench --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes bfloat16 \
-    --reps 20 --out "$RES/bench" --stem fwd-bf16-peers 2>&1 | tail -n 4
+  timeout 540 kernel-factory heldout /tmp/campaign 2>&1 | tee "$RES/heldout.log" | tail -n 6
+  cp /tmp/campaign/heldout* "$RES/" 2>/dev/null
   ;;
-*) echo "trust.sh: unknown stage $stage (a, b or c)" >&2; exit 2 ;;
+d)
+  source tests/gpu/host_setup.sh > "$RES/host_setup.log" 2>&1 || { cat "$RES/host_setup.log"; exit 2; }
+  timeout 480 kernel-factory bench --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes bfloat16 \
+    --reps 20 --out "$RES/bench" --stem fwd-bf16 2>&1 | tail -n 6
+  ;;
+*) echo "trust.sh: unknown stage $stage (a, b, c or d)" >&2; exit 2 ;;
 esac
