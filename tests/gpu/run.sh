@@ -18,12 +18,15 @@ mkdir -p "$out"
 
 if [ -d .whl ] || [ -d .gpu-a ] || [ -f /tmp/kf-wheels/installed ]; then
   # shellcheck disable=SC1091,SC2086  # KF_WHEELS is a list of folders
-  if ! source tests/gpu/host_setup.sh ${KF_WHEELS:-} > "$out/host_setup.log" 2>&1; then
+  # (a sourced script given no arguments would see this script's pytest arguments as its own)
+  pytest_args=("$@"); set -- ${KF_WHEELS:-}
+  if ! source tests/gpu/host_setup.sh "$@" > "$out/host_setup.log" 2>&1; then
     echo "tests/gpu/run.sh: host setup failed; see $out/host_setup.log" >&2
     tail -n 20 "$out/host_setup.log" >&2
     exit 2
   fi
   tail -n 1 "$out/host_setup.log"
+  set -- "${pytest_args[@]}"
 fi
 
 targets=(tests/gpu)   # unless the arguments name test files or folders themselves
