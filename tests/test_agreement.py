@@ -180,3 +180,26 @@ def test_the_agreement_tool_refuses_what_it_cannot_read(tmp_path, capsys):
     assert "no journal at" in capsys.readouterr().err
     assert tool.main(["--config", str(QUICKSTART)]) == 2
     assert "--config needs --baselines" in capsys.readouterr().err
+
+
+def test_a_baseline_that_cannot_run_is_a_row_of_its_own_and_the_check_fails(tmp_path, monkeypatch, capsys):
+    """Live: one run per baseline; one whose worker cannot start (a peer refusing a row) is reported, not raised."""
+    from kernel_factory.evo import run as run_mod
+    from kernel_factory.evo.evaluate.gpu import WorkerError
+    from kernel_factory.evo.tools import agreement as tool
+    real = run_mod.execute
+
+    def execute(cfg, run_id=None, resume=False):
+        if cfg.evaluator.baseline == "liger":
+            raise WorkerError("the GPU worker failed during setup:\nthe baseline 'liger' cannot run "
+                              "bfloat16:16384x131072: RuntimeError: n = 131072 exceeds the blocksize")
+        return real(cfg, run_id, resume)
+    monkeypatch.setattr(run_mod, "execute", execute)
+    code = tool.main(["--config", str(QUICKSTART), "--baselines", "torch_eager,liger", "--out", str(tmp_path),
+                      "-o", "search.generations=1", "-o", "search.population=4", "-o", "observers=[journal]"])
+    rows = json.loads((tmp_path / "agreement.json").read_text())["rows"]
+    assert code == 1 and [r["baseline"] for r in rows] == ["torch_eager", "liger"]
+    assert rows[0]["evaluator"] == "replay" and rows[0].get("ab_speedup") is None   # a replay has no A/B
+    assert "cannot run bfloat16:16384x131072" in rows[1]["error"]
+    md = (tmp_path / "agreement.md").read_text()
+    assert "no A/B re-time" in md and "did not run: the baseline 'liger' cannot run" in md

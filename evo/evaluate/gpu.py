@@ -155,7 +155,7 @@ class GpuEvaluator:
 
     def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
                  compile_workers: int | None = None, check_seeds: int = 2, timeout_floor_s: float = 10.0,
-                 min_reps: int = 5, max_reps: int = 50, target_ms: float = 1.5, graph_below_us: float = 0.0,
+                 min_reps: int = 5, max_reps: int = 50, target_ms: float = 1.5, graph_below_us: float = 250.0,
                  finalist_reps: int = 100, baseline_every_s: float = 20.0):
         if not baseline_every_s >= 0:
             raise ConfigError(f"config key 'evaluator.gpu.baseline_every_s' must be >= 0 seconds (0: the baseline is "
@@ -184,7 +184,7 @@ class GpuEvaluator:
         })
         ready = self.worker.ready
         self.baseline_us: dict[str, float] = ready["baseline_us"]
-        self.baselines = BaselineLog(ready["baseline_us"])
+        self.baselines = BaselineLog(ready["baseline_us"], ready.get("baseline_host_bound", ()))
         self.copy_gbps: float = ready["copy_gbps"]
         fp = {**ready["fingerprint"], "copy_gbps": f"{self.copy_gbps:.0f}", "baseline": baseline}
         self.info = EvaluatorInfo("gpu", f"live measurement on {fp['gpu']}", fp)
@@ -346,8 +346,9 @@ class BaselineLog:
     GPU cost, so that the summary can say how far the baseline moved (drift that a single measurement would have
     folded into every candidate's fitness)."""
 
-    def __init__(self, first: Mapping[str, float]):
+    def __init__(self, first: Mapping[str, float], host_bound: Sequence[str] = ()):
         self.first = dict(first)
+        self.host_bound = set(host_bound)   # rows where the baseline's host path outlasted the L2 flush
         self.geomeans = [geomean_speedup(self.first, self.first)]   # each measurement's geomean relative to the first
         self.gpu_s = 0.0
         self.errors: list[str] = []
@@ -359,12 +360,14 @@ class BaselineLog:
             # geomean of fresh / first: geomean_speedup(times, base) is base / times per case
             self.geomeans.append(geomean_speedup({k: self.first[k] for k in keys}, {k: fresh[k] for k in keys}))
             self.gpu_s += float(reply.get("baseline_gpu_s", 0.0))
+            self.host_bound.update(reply.get("baseline_host_bound", ()))
         if reply.get("baseline_error"):
             self.errors.append(str(reply["baseline_error"]))
 
     def books(self) -> dict[str, Any]:
         return {"measurements": len(self.geomeans), "gpu_s": round(self.gpu_s, 3),
-                "relative_to_first": [round(g, 4) for g in self.geomeans], "errors": self.errors[:5]}
+                "relative_to_first": [round(g, 4) for g in self.geomeans], "errors": self.errors[:5],
+                "host_bound": sorted(self.host_bound)}
 
 
 def timer_reads(cubins: Mapping[str, bytes]) -> str | None:

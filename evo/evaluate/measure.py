@@ -7,6 +7,7 @@ import datetime
 import math
 import platform
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -50,6 +51,7 @@ class Timing:
     last: int = 0          # which of the rotated callables ran last (its outputs are the ones left in memory)
     graph: bool = False    # timed as CUDA-graph replays (no host launch overhead inside the events)
     uncaptured: bool = False   # short enough for a graph, but capture failed: timed eagerly
+    host_us: float = 0.0   # median host time of one call (enqueueing it): above the flush's GPU time, it can leak
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,11 @@ def quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def summarize(samples_us: list[float], last: int = 0, graph: bool = False, uncaptured: bool = False) -> Timing:
+def summarize(samples_us: list[float], last: int = 0, graph: bool = False, uncaptured: bool = False,
+              host_us: Sequence[float] = ()) -> Timing:
     s = sorted(samples_us)
-    return Timing(quantile(s, 0.5), quantile(s, 0.75) - quantile(s, 0.25), len(s), last, graph, uncaptured)
+    host = quantile(sorted(host_us), 0.5) if host_us else 0.0
+    return Timing(quantile(s, 0.5), quantile(s, 0.75) - quantile(s, 0.25), len(s), last, graph, uncaptured, host)
 
 
 class Timer:
@@ -87,20 +91,40 @@ class Timer:
         self.torch = torch
         self.policy = policy
         self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self._flush_us: float | None = None
 
-    def _sample(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
+    def _sample(self, fn: Callable[[], Any]) -> tuple[Any, Any, float]:
+        """(start event, end event, host microseconds of the call). The flush runs on the GPU while the host
+        enqueues the call; a call whose host time exceeds the flush's (and the GPU's backlog) leaves the GPU idle
+        between the events, and that idle time is counted: short calls with a heavy host path are graph-timed."""
         torch = self.torch
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self.flush_buf.zero_()
         start.record()
+        began = time.perf_counter()
         fn()
+        host = (time.perf_counter() - began) * 1e6
         end.record()
-        return start, end
+        return start, end, host
+
+    def flush_us(self) -> float:
+        """The L2 flush's own GPU time (median of a few), measured once: the host time a call may take unseen."""
+        if self._flush_us is None:
+            events = []
+            for _ in range(5):
+                a, b = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+                a.record()
+                self.flush_buf.zero_()
+                b.record()
+                events.append((a, b))
+            self.torch.cuda.synchronize()
+            self._flush_us = quantile(sorted(a.elapsed_time(b) * 1e3 for a, b in events), 0.5)
+        return self._flush_us
 
     def estimate_us(self, fn: Callable[[], Any]) -> float:
         for _ in range(self.policy.warmup):
             fn()
-        start, end = self._sample(fn)
+        start, end, _ = self._sample(fn)
         end.synchronize()
         return max(start.elapsed_time(end), 1e-3) * 1e3
 
@@ -136,9 +160,10 @@ class Timer:
                 fns, graph = replays, True
                 estimate = self.estimate_us(fns[0])
         reps = self.reps_for(estimate)
-        pairs = [self._sample(fns[i % len(fns)]) for i in range(reps)]
+        samples = [self._sample(fns[i % len(fns)]) for i in range(reps)]
         self.torch.cuda.synchronize()
-        return summarize([s.elapsed_time(e) * 1e3 for s, e in pairs], (reps - 1) % len(fns), graph, uncaptured)
+        return summarize([s.elapsed_time(e) * 1e3 for s, e, _ in samples], (reps - 1) % len(fns), graph, uncaptured,
+                         [h for _, _, h in samples])
 
     def time_interleaved(self, fns: Sequence[Callable[[], Any]], reps: int) -> list[Timing]:
         """Several callables interleaved sample by sample (A B C A B C ...), each after its own flush: drift in
@@ -146,12 +171,12 @@ class Timer:
         for _ in range(self.policy.warmup):
             for fn in fns:
                 fn()
-        pairs: list[list[tuple[Any, Any]]] = [[] for _ in fns]
+        samples: list[list[tuple[Any, Any, float]]] = [[] for _ in fns]
         for _ in range(reps):
             for i, fn in enumerate(fns):
-                pairs[i].append(self._sample(fn))
+                samples[i].append(self._sample(fn))
         self.torch.cuda.synchronize()
-        return [summarize([s.elapsed_time(e) * 1e3 for s, e in p]) for p in pairs]
+        return [summarize([s.elapsed_time(e) * 1e3 for s, e, _ in p], host_us=[h for _, _, h in p]) for p in samples]
 
 
 def copy_bandwidth_gbps(timer: Timer, nbytes: int = 2**30) -> float:

@@ -111,6 +111,7 @@ class Bench:
         self.baseline_us: dict[str, float] = {}
         self.baseline_at = 0.0
         self.eager_cases: set[str] = set(setup.get("eager_cases", ()))
+        self.host_bound: set[str] = set()   # rows whose baseline's host path outlasted the flush (its time may leak)
 
     def pool(self, case: Case) -> Pool:
         if case.key not in self.pools:
@@ -251,10 +252,17 @@ class Bench:
         sample, repetitions), rotating over the case's input sets, under the same graph rule."""
         out = {}
         for case in self.bench_cases:
-            fns = [self.problem.baseline(self.baseline, case, inputs) for inputs in self.pool(case).inputs]
-            timing = run_timed(self.timer, fns, graphs=case.key not in self.eager_cases)
+            try:
+                fns = [self.problem.baseline(self.baseline, case, inputs) for inputs in self.pool(case).inputs]
+                timing = run_timed(self.timer, fns, graphs=case.key not in self.eager_cases)
+            except Exception as exc:   # a peer that refuses a shape (Liger past N = 65536), or is not installed
+                cause = exc.__cause__ or exc
+                raise SetupError(f"the baseline {self.baseline!r} cannot run {case.key}: "
+                                 f"{type(cause).__name__}: {cause}"[:1000]) from exc
             if timing.uncaptured:
                 self.eager_cases.add(case.key)
+            if not timing.graph and timing.host_us > self.timer.flush_us() + timing.median_us:
+                self.host_bound.add(case.key)
             out[case.key] = timing.median_us
         self.baseline_us, self.baseline_at = out, time.perf_counter()
         return out
@@ -271,7 +279,8 @@ class Bench:
         except Exception as exc:
             self.baseline_at = time.perf_counter()   # not again before the next interval
             return {"baseline_error": f"{type(exc).__name__}: {exc}"[:500]}
-        return {"baseline_retimed_us": fresh, "baseline_gpu_s": time.perf_counter() - begin}
+        return {"baseline_retimed_us": fresh, "baseline_gpu_s": time.perf_counter() - begin,
+                "baseline_host_bound": sorted(self.host_bound)}
 
 
 def classify(text: str) -> Exception:
@@ -313,6 +322,7 @@ def start(msg: Mapping[str, Any]) -> tuple[Bench, dict[str, Any]]:
         if reply["status"] != Status.OK.value:
             raise RuntimeError(f"the known-good kernel failed the gate on this worker: {reply['message']}")
     return bench, {"op": "ready", "baseline_us": bench.baseline_us, "eager_cases": sorted(bench.eager_cases),
+                   "baseline_host_bound": sorted(bench.host_bound),
                    "copy_gbps": bench.copy_gbps, "fingerprint": measure.fingerprint({"clocks_at_setup": before})}
 
 

@@ -114,11 +114,17 @@ def finalist_line(f: Mapping[str, Any]) -> str:
 
 
 def baseline_line(books: Mapping[str, Any]) -> str:
-    """How far the baseline moved between its measurements during the run ("" for one measurement)."""
+    """How far the baseline moved between its measurements during the run, and the rows where its time may hold
+    host launch overhead ("" when there is nothing to say)."""
     base = books.get("baseline") or {}
     rel = base.get("relative_to_first") or []
-    if len(rel) < 2:
-        return ""
-    return (f"baseline: measured {len(rel)} times ({base['gpu_s']:.1f} GPU-s after setup); its geomean ranged "
-            f"{min(rel):.3f} to {max(rel):.3f} of the first measurement, last {rel[-1]:.3f}"
-            + (f"; {len(base['errors'])} re-time(s) failed: {base['errors'][0][:200]}" if base.get("errors") else ""))
+    parts = []
+    if len(rel) >= 2:
+        parts.append(f"measured {len(rel)} times ({base['gpu_s']:.1f} GPU-s after setup); its geomean ranged "
+                     f"{min(rel):.3f} to {max(rel):.3f} of the first measurement, last {rel[-1]:.3f}")
+    if base.get("errors"):
+        parts.append(f"{len(base['errors'])} re-time(s) failed: {base['errors'][0][:200]}")
+    if base.get("host_bound"):
+        parts.append(f"on {len(base['host_bound'])} row(s) its host path outlasted the L2 flush, so its time there "
+                     f"may hold launch overhead (graph-time them: evaluator.gpu.graph_below_us)")
+    return "baseline: " + "; ".join(parts) if parts else ""

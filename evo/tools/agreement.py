@@ -49,6 +49,8 @@ def row_of(path: Path) -> dict[str, Any]:
 
 
 def verdict(row: Mapping[str, Any], tolerance: float) -> str:
+    if row.get("error"):
+        return f"did not run: {row['error'].splitlines()[-1][:200]}"
     if row.get("ab_over_search") is None:
         return "no A/B re-time"
     band = max(tolerance, row.get("noise") or 0.0)
@@ -68,7 +70,8 @@ def table(rows: Sequence[Mapping[str, Any]], tolerance: float) -> str:
         moved = (f"{r['baseline_range'][0]:.3f} to {r['baseline_range'][1]:.3f} over {r['baseline_measurements']}"
                  if r.get("baseline_range") else "-")
         fmt = lambda v, f: "-" if v is None else format(v, f)   # noqa: E731
-        lines.append(f"| {r['run_id']} | {r['problem']} | {r['baseline']} | {r['evaluations']} | {r['best']} | "
+        lines.append(f"| {r['run_id']} | {r.get('problem', '-')} | {r['baseline']} | {r.get('evaluations', '-')} | "
+                     f"{r.get('best', '-')} | "
                      f"{fmt(r.get('search_fitness'), '.4f')} | {fmt(r.get('ab_speedup'), '.4f')} | "
                      f"{fmt(r.get('ab_over_search'), '.4f')} | {fmt(r.get('noise'), '.1%')} | {moved} | "
                      f"{verdict(r, tolerance)} |")
@@ -78,13 +81,19 @@ def table(rows: Sequence[Mapping[str, Any]], tolerance: float) -> str:
 def live(cfg_path: str, baselines: Sequence[str], overrides: Sequence[str], out: Path) -> list[Path]:
     """One run per baseline, into one out_dir (one compile cache): the journals made."""
     from ..run import execute
-    made = []
+    made: list[Path | dict[str, Any]] = []
     for name in baselines:
         run_id = f"agreement-{Path(cfg_path).stem}-{name}"
         cfg = config_mod.load(cfg_path, (*overrides, f"evaluator.baseline={name}", f"out_dir={out}/runs",
                                          f"tracking.store={out}/runs/mlflow.db",
                                          f"tracking.artifacts={out}/runs/artifacts", "search.warm_start.enabled=false"))
-        execute(cfg, run_id)
+        try:
+            execute(cfg, run_id)
+        except ConfigError:
+            raise
+        except Exception as exc:   # the baseline cannot run here (a peer refusing a row, a worker that failed)
+            made.append({"run_id": run_id, "baseline": name, "error": f"{type(exc).__name__}: {exc}"[:600]})
+            continue
         made.append(out / "runs" / run_id / "journal.jsonl")
     return made
 
@@ -110,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                 paths = live(args.config, [b for b in args.baselines.split(",") if b], args.override, Path(args.out))
             else:
                 paths = [Path(j) for j in args.journals]
-            missing = [str(j) for j in paths if not j.is_file()]
+            missing = [str(j) for j in paths if isinstance(j, Path) and not j.is_file()]
             if missing:
                 raise ConfigError(f"no journal at {', '.join(missing)}")
-            rows = [row_of(j) for j in paths]
+            rows = [row_of(j) if isinstance(j, Path) else j for j in paths]
     except (ConfigError, ValueError, KeyError, OSError) as exc:
         print(f"agreement: {exc}", file=sys.stderr)
         return 2
