@@ -165,6 +165,15 @@ class Timer:
         return summarize([s.elapsed_time(e) * 1e3 for s, e, _ in samples], (reps - 1) % len(fns), graph, uncaptured,
                          [h for _, _, h in samples])
 
+    def graphed_together(self, fns: Sequence[Callable[[], Any]]) -> tuple[list[Callable[[], Any]], bool]:
+        """Callables to time side by side, each captured in a CUDA graph when any is shorter than graph_below_us
+        (the rule of time(), applied to all alike); all stay eager if one cannot be captured. (callables, graphed)"""
+        fns = list(fns)
+        if not any(self.estimate_us(fn) < self.policy.graph_below_us for fn in fns):
+            return fns, False
+        replays = self.graphed(fns)
+        return (fns, False) if replays is None else (replays, True)
+
     def time_interleaved(self, fns: Sequence[Callable[[], Any]], reps: int) -> list[Timing]:
         """Several callables interleaved sample by sample (A B C A B C ...), each after its own flush: drift in
         clocks or temperature falls on all alike. Used for finalists and the bench."""
