@@ -66,3 +66,15 @@ def test_an_existing_folder_is_never_overwritten(written, capsys):
     assert cli.main(["new", "my_gate", "--dir", str(written.parent)]) == cli.EXIT_BAD_INPUT
     assert "exists already; choose another --dir or name (nothing was written)" in capsys.readouterr().err
     assert (written / "kf_my_gate" / "problem.py").read_text() == before
+
+
+def test_problems_prints_each_description_whole(capsys):
+    """A description with a colon (most have one) is printed to its end, not cut at the colon."""
+    from kernel_factory.evo import registry
+    assert cli.main(["problems"]) == 0
+    out = capsys.readouterr().out
+    for name in ("softmax_fwd", "silu_mul"):
+        description = registry.load("problem", name).description
+        assert ":" in description
+        (line,) = [ln for ln in out.splitlines() if ln.startswith(name + " ")]
+        assert line.endswith(description)

@@ -186,10 +186,10 @@ def template(prob: Problem) -> str:
     text = prob.template()
     local = re.findall(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', text, re.M)
     header = render.header_name(prob)
-    if local and local != [header]:
-        fail("inline-headers", f"template() returns #include \"{[n for n in local if n != header][0]}\": NVRTC "
-                               "gets no include path, so template() must replace each local #include with the "
-                               "header's text")
+    if local:
+        fail("inline-headers", f"template() returns #include \"{local[0]}\": NVRTC gets no include path, so "
+                               "template() must replace each local #include with the header's text"
+                               + (" (its genes header too)" if local[0] == header else ""))
     fault = render.genes_header_fault(prob, text)
     if fault:
         fail("genes-header", fault)
