@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from . import registry
@@ -84,6 +85,10 @@ def cases_of(problem: Problem, spec: str, dtypes: Sequence[str]) -> tuple[Case, 
 def prepare(cfg: RunConfig) -> Run:
     """Resolve the problem, its cases and the operators. Touches no GPU."""
     problem = _plugin("problem", cfg.problem, "problem")
+    from .evaluate.render import genes_header_fault
+    stale = genes_header_fault(problem)   # else a named choice added since compiles as the gene's first choice
+    if stale:
+        raise ConfigError(f"problem {problem.name!r}: {stale}")
     dtypes = cfg.dtypes or problem.dtypes[:1]
     for dt in dtypes:
         if dt not in problem.dtypes:
@@ -132,15 +137,58 @@ def restrict_space(space: GeneSpace, choices: Mapping[str, tuple]) -> GeneSpace:
 
 
 def evaluator_kind(cfg: RunConfig) -> tuple[str, str | None]:
-    """(kind, reason): 'auto' becomes gpu when a GPU is usable, else replay with the reason there is none."""
+    """(kind, reason): 'auto' becomes gpu when a GPU is usable, else replay with the reason there is none. Without a
+    GPU, kind gpu, or kind auto with no recording to replay, is a ConfigError that says what to do (raised before any
+    run folder is made)."""
     from .evaluate.gpu import gpu_unavailable_reason
     reason = gpu_unavailable_reason() if cfg.evaluator.kind in ("auto", "gpu") else None
-    if cfg.evaluator.kind == "gpu" and reason:
-        raise ConfigError(f"config key 'evaluator.kind' is 'gpu' but this machine cannot run it: {reason}. "
-                          f"Use evaluator.kind: replay (recorded measurements) or auto")
+    if reason:
+        problem = _plugin("problem", cfg.problem, "problem")
+        recordings = [cfg.evaluator.replay["recording"]] if cfg.evaluator.replay.get("recording") else \
+            _recordings(problem)
+        if cfg.evaluator.kind == "gpu" or not recordings:
+            raise ConfigError(no_gpu_message(cfg, problem, reason, bool(recordings)))
     if cfg.evaluator.kind == "auto":
         return ("replay", reason) if reason else ("gpu", None)
     return cfg.evaluator.kind, None
+
+
+def need_gpu(cfg: RunConfig, what: str) -> None:
+    """For a command that only measures on a GPU (`record`): a ConfigError unless this machine has one and the config
+    lets it use it."""
+    if cfg.evaluator.kind == "replay":
+        raise ConfigError(f"config key 'evaluator.kind' is 'replay', but {what} measures on a GPU: set it to gpu "
+                          "(or auto), e.g. -o evaluator.kind=gpu, and run on a GPU host")
+    from .evaluate.gpu import gpu_unavailable_reason
+    reason = gpu_unavailable_reason()
+    if reason:
+        raise ConfigError(f"{what} measures on a GPU, and none was found here ({reason}); run it on a GPU host "
+                          "(docs/gpu-host.md)")
+
+
+def _module_folder(problem: Problem) -> Path | None:
+    module = sys.modules.get(type(problem).__module__)
+    return Path(module.__file__).resolve().parent if getattr(module, "__file__", None) else None
+
+
+def _recordings(problem: Problem) -> list[Path]:
+    from .evaluate.replay import bundled_recordings
+    return bundled_recordings(problem) if _module_folder(problem) is not None else []
+
+
+def no_gpu_message(cfg: RunConfig, problem: Problem, reason: str, recorded: bool) -> str:
+    """Why a run cannot start here: no GPU, and either kind gpu (replay instead, where a recording exists) or no
+    recording (how to record one)."""
+    if cfg.evaluator.kind == "gpu":
+        other = ("; set evaluator.kind: auto (or -o evaluator.kind=replay) to replay its recorded measurements"
+                 if recorded else f", and problem {problem.name!r} has no recording to replay")
+        return f"config key 'evaluator.kind' is 'gpu', but no GPU was found here ({reason}){other}"
+    dtype = (cfg.dtypes or problem.dtypes[:1])[0]
+    folder = _module_folder(problem) or Path("<the problem module's folder>")
+    return (f"no GPU found ({reason}) and no recording for problem {problem.name!r}; record one on a GPU host with "
+            f"`kernel-factory record RECORD_CONFIG --out {folder / 'recorded'}/{problem.name}-{dtype}-<gpu>.jsonl.gz`"
+            f" and ship it as package data (docs/adding-a-problem.md, Recordings), or replay one you have with "
+            f"-o evaluator.replay.recording=PATH")
 
 
 def make_evaluator(run: Run, kind: str) -> Evaluator:

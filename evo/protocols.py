@@ -1,7 +1,9 @@
 """The four plugin contracts: Problem, Operator, Evaluator, Observer, and the small records they exchange.
 
-Plugins import only this module and `kernel_factory.evo.types` (plus numpy, torch and the standard library).
-Each contract is narrow on purpose; tests/test_contracts.py holds the conformance suite every entry point passes.
+Plugins import of the factory only its floor 1: this module, `types`, `inputs`, `compiled`, `regions` and `workload`
+(plus `kernel_factory.kernels`, numpy, torch and the standard library); docs/adding-a-problem.md states every rule a
+problem follows and `kernel-factory check` checks them. Each contract is narrow on purpose; tests/test_contracts.py
+holds the conformance suite every entry point passes.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ def launch_steps(plan: "Launch | Sequence[Launch]") -> tuple[Launch, ...]:
     return (plan,) if isinstance(plan, Launch) else tuple(plan)
 
 
-SCALARS = {"i32": np.int32, "f32": np.float32}
+SCALARS = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "f32": np.float32,
+           "f64": np.float64}
 
 
 def recipe_value(expr: Any, names: Mapping[str, Any]) -> Any:
@@ -48,23 +51,31 @@ def recipe_value(expr: Any, names: Mapping[str, Any]) -> Any:
     return recipe.value(expr, names)
 
 
-def recipe_names(recipe_: Mapping[str, Any], m: int, n: int, eps: float = 0.0,
+def recipe_names(recipe_: Mapping[str, Any], m: int, n: int, eps: float | None = None,
                  addresses: Mapping[str, int] | None = None) -> dict[str, Any]:
     """Every name a launch recipe defines, for an (m, n) case (what a plugin's checks and tests read)."""
     return recipe.names(recipe_, m, n, eps, addresses)
 
 
+def _address(t: Any) -> int:
+    if type(t).__name__ == "FakeTensor":   # a shape without memory (check's launch limits): take it as aligned
+        return 256
+    return t.data_ptr()
+
+
 def launch_from_recipe(recipe_: Mapping[str, Any], case: Case, tensors: Mapping[str, Any],
-                       eps: float = 0.0) -> tuple[Launch, ...]:
+                       eps: float | None = None, scalars: Mapping[str, float] | None = None) -> tuple[Launch, ...]:
     """The Launch steps of a launch recipe (kernels/recipe.py) for a case of shape (..., N), with its tensors by
-    name: how problems launch, so that the factory times exactly the plan that export hands to the library op."""
+    name (and the op's scalars): how problems launch, so that the factory times exactly the plan that export hands to
+    the library op."""
     n = case.shape[-1]
     m = math.prod(case.shape[:-1])
-    addresses = {name: t.data_ptr() for name, t in tensors.items() if hasattr(t, "data_ptr")}
-    plan = recipe.evaluate(recipe_, m, n, eps, addresses)
-    return tuple(Launch(grid=(s.grid, 1, 1), block=(s.block, 1, 1), shared_bytes=s.smem,
+    held = {name: t for name, t in tensors.items() if hasattr(t, "data_ptr")}
+    plan = recipe.evaluate(recipe_, m, n, eps, {name: _address(t) for name, t in held.items()},
+                           {name: (tuple(t.shape), tuple(t.stride())) for name, t in held.items()}, scalars)
+    return tuple(Launch(grid=s.grid3, block=s.block3, shared_bytes=s.smem,
                         args=tuple(tensors[a] if kind == "ptr" else SCALARS[kind](a) for kind, a in s.args),
-                        kernel=s.kernel, cluster=(s.cluster, 1, 1) if s.cluster > 1 else None)
+                        kernel=s.kernel, cluster=s.cluster3 if s.cluster3 != (1, 1, 1) else None)
                  for s in plan.steps)
 
 

@@ -10,10 +10,18 @@ import functools
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 GeneValue = int | str | bool
+
+# A gene becomes the C macro NAME (its name in capitals) and a named choice the constant NAME_CHOICE: both must be C
+# identifiers, or the preprocessor reads `STORE_WT-THROUGH` as `STORE_WT - THROUGH` (0 - 0) and the candidate
+# silently compiles as the gene's first choice.
+C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+CHOICE_NAME = re.compile(r"[A-Za-z0-9_]+")
+RESERVED_MACROS = ("DTYPE",)   # the render's own macro (and its DTYPE_* codes)
 
 
 class Status(str, enum.Enum):
@@ -55,6 +63,31 @@ class Gene:
             raise ValueError(f"gene {self.name}: default {self.default!r} is not one of {self.choices}")
         if self.kind not in ("structure", "ptx"):
             raise ValueError(f"gene {self.name}: kind must be 'structure' or 'ptx', got {self.kind!r}")
+        for why in self.naming_faults():
+            raise ValueError(why)
+
+    def naming_faults(self) -> list[str]:
+        """Why this gene's name or named choices cannot be C macros, one line each (empty when they can)."""
+        if not isinstance(self.name, str) or not C_IDENTIFIER.fullmatch(self.name):
+            return [f"gene {self.name!r}: the name must be a C identifier (letters, digits and _, not starting with "
+                    f"a digit): it becomes the macro {str(self.name).upper()}"]
+        if self.name.upper() in RESERVED_MACROS or self.name.upper().startswith("DTYPE_"):
+            return [f"gene {self.name!r}: {self.name.upper()} is the dtype's macro; choose another name"]
+        faults, seen = [], {}
+        for choice in self.choices:
+            if isinstance(choice, str) and not CHOICE_NAME.fullmatch(choice):
+                fixed = re.sub(r"[^A-Za-z0-9_]", "_", choice) or "a_name"
+                faults.append(f"gene {self.name!r}: choice {choice!r} is not a C identifier: it would become "
+                              f"{self.define(choice)}, which the preprocessor does not read as one name (and the "
+                              f"candidate compiles as another choice); use letters, digits and _, e.g. {fixed!r}")
+            elif isinstance(choice, str) and self.define(choice) in seen:
+                faults.append(f"gene {self.name!r}: choices {seen[self.define(choice)]!r} and {choice!r} both "
+                              f"become {self.define(choice)}; choose names that differ in more than case")
+            if isinstance(choice, str):
+                seen.setdefault(self.define(choice), choice)
+        if len(set(map(repr, self.choices))) != len(self.choices):
+            faults.append(f"gene {self.name!r}: a choice appears twice in {self.choices}")
+        return faults
 
     def define(self, value: GeneValue) -> str:
         """The C preprocessor value: ints as-is, bools as 0/1, strings as NAME_VALUE enum constants."""
@@ -71,6 +104,24 @@ class GeneSpace:
 
     genes: tuple[Gene, ...]
     rule: Callable[[Mapping[str, GeneValue]], str | None] = lambda genes: None
+
+    def __post_init__(self) -> None:
+        for why in self.macro_clashes():
+            raise ValueError(why)
+
+    def macro_clashes(self) -> list[str]:
+        """Two genes whose macros (NAME, NAME_CHOICE) are the same C name, one line each."""
+        owner: dict[str, str] = {}
+        clashes = []
+        for gene in self.genes:
+            names = [gene.name.upper(), *(gene.define(c) for c in gene.choices if isinstance(c, str))]
+            for macro in names:
+                if macro in owner and owner[macro] != gene.name:
+                    clashes.append(f"genes {owner[macro]!r} and {gene.name!r} both define the macro {macro}")
+                elif macro in owner:
+                    clashes.append(f"gene {gene.name!r} is named twice in the space")
+                owner.setdefault(macro, gene.name)
+        return clashes
 
     def __getitem__(self, name: str) -> Gene:
         for gene in self.genes:

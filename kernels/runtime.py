@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import struct
 import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -150,22 +149,21 @@ class Launcher:
         self.buffers = plan.buffers
         self.steps: list[tuple[int, _LaunchConfig, int, int, list[tuple[int, str]], Any, Any]] = []
         for step in plan.steps:
-            fn = module.function(step.kernel, step.smem, step.cluster)
-            cfg = _LaunchConfig(step.grid, 1, 1, step.block, 1, 1, step.smem, None, None, 0)
+            (gx, gy, gz), (bx, by, bz), cluster = step.grid3, step.block3, step.cluster3
+            fn = module.function(step.kernel, step.smem, cluster[0] * cluster[1] * cluster[2])
+            cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, step.smem, None, None, 0)
             attrs = None
-            if step.cluster > 1:
+            if cluster != (1, 1, 1):
                 attrs = (_LaunchAttribute * 1)()
-                attrs[0].id, attrs[0].cluster = CLUSTER_DIMENSION, _Dim3Cluster(step.cluster, 1, 1)
+                attrs[0].id, attrs[0].cluster = CLUSTER_DIMENSION, _Dim3Cluster(*cluster)
                 cfg.attrs, cfg.numAttrs = attrs, 1
             values = (ctypes.c_uint64 * len(step.args))()
             slots = []
             for i, (kind, arg) in enumerate(step.args):
                 if kind == "ptr":
                     slots.append((i, arg))
-                elif kind == "i32":
-                    values[i] = int(arg) & 0xFFFFFFFF
-                else:   # f32: its bits in the slot's low four bytes (little-endian)
-                    values[i] = struct.unpack("<I", struct.pack("<f", float(arg)))[0]
+                else:   # the value's bits in the slot's low bytes (little-endian)
+                    values[i] = recipes.pack(kind, arg)
             pointers = (ctypes.c_void_p * len(step.args))(
                 *(ctypes.addressof(values) + 8 * i for i in range(len(step.args))))
             self.steps.append((int(fn), cfg, ctypes.addressof(cfg), ctypes.addressof(pointers), slots, values,

@@ -106,7 +106,7 @@ def test_problems_lists_plugins(tmp_path):
     (["-o", "search.population=many"], "config key 'search.population' must be an int, got 'many'"),
     (["-o", "problem=layernorm"], "unknown problem 'layernorm'; installed: rmsnorm_bwd, rmsnorm_faults, rmsnorm_fwd"),
     (["-o", "search.operators={warp_drive: {}}"], "unknown operator 'warp_drive'"),
-    (["-o", "evaluator.kind=gpu"], "config key 'evaluator.kind' is 'gpu' but this machine cannot run it"),
+    (["-o", "evaluator.kind=gpu"], "config key 'evaluator.kind' is 'gpu', but no GPU was found here"),
 ])
 def test_bad_input_is_one_line(tmp_path, overrides, needle):
     out = kf("run", str(ROOT / "configs" / "quickstart.yaml"), *overrides, cwd=tmp_path, timeout=120)

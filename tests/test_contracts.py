@@ -53,6 +53,18 @@ def test_problem_contract(name):
         assert 0 < atol < 1 and 0 < rtol < 0.1
 
 
+@pytest.mark.parametrize("name", PROBLEMS)
+def test_every_installed_problem_keeps_the_declared_rules(name):
+    """What `kernel-factory check` reads without running anything, for every installed plugin (the built-ins and the
+    packages under tests/plugins/ alike): genes header fresh, names C identifiers, hooks well formed."""
+    from kernel_factory.evo.evaluate.render import genes_header_fault
+    from kernel_factory.evo.tools import check_contract
+    prob = registry.load("problem", name)
+    assert genes_header_fault(prob) == ""
+    (line,) = check_contract.static(prob, name)
+    assert line.startswith(f"contract: {name} v{prob.version}, ")
+
+
 @pytest.mark.parametrize("name", OPERATORS)
 def test_operator_contract(name, rmsnorm):
     op = registry.load("operator", name)()

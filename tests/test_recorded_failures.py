@@ -79,7 +79,7 @@ def test_outside_rule_on_gpu_keeps_the_failures_and_lists_the_passes(tmp_path, m
                                                                       synthetic_recording):
     path = small_recording(tmp_path, synthetic_recording)
     fake = FakeGpu(rmsnorm.space)
-    monkeypatch.setattr(build, "evaluator_kind", lambda cfg: ("gpu", ""))
+    monkeypatch.setattr(build, "need_gpu", lambda cfg, what: None)
     monkeypatch.setattr(build, "make_evaluator", lambda run, kind: fake)
     cfg = config.parse({"problem": "rmsnorm_fwd", "dtypes": ["bfloat16"], "shapes": "benchmark",
                         "out_dir": str(tmp_path / "runs")})
@@ -102,7 +102,7 @@ def test_outside_rule_cut_short_keeps_what_it_measured_and_the_same_command_fini
     same command run again measures only the rest, then writes the same recording as one uninterrupted run."""
     path = small_recording(tmp_path, synthetic_recording)
     monkeypatch.setattr(record_gpu, "CHUNK", 2)
-    monkeypatch.setattr(build, "evaluator_kind", lambda cfg: ("gpu", ""))
+    monkeypatch.setattr(build, "need_gpu", lambda cfg, what: None)
     cfg = config.parse({"problem": "rmsnorm_fwd", "dtypes": ["bfloat16"], "shapes": "benchmark",
                         "out_dir": str(tmp_path / "runs")})
 

@@ -53,6 +53,31 @@ def genes_header(problem: Problem) -> str:
     return "\n".join(lines) + "\n"
 
 
+def header_name(problem: Problem) -> str:
+    return f"{problem.name}_genes.cuh"
+
+
+def genes_header_fault(problem: Problem, text: str | None = None) -> str:
+    """"" when the problem's template, as template() returns it (or `text`), holds the genes header that its gene space
+    writes today; else one line saying what is wrong and that `kernel-factory genes` fixes it. A stale header is a
+    silent mistake: a choice added since it was written renders as an undefined macro, which the preprocessor reads
+    as 0, so the candidate compiles as the gene's first choice."""
+    text = problem.template() if text is None else text
+    want = genes_header(problem)
+    if want in text:
+        return ""
+    name = header_name(problem)
+    fix = (f"run `kernel-factory genes {problem.name}` (and reinstall the plugin unless it is installed in editable "
+           f"mode)")
+    if want.splitlines()[0] in text:
+        return f"the genes header {name} in the template is stale (the gene space changed since it was written): {fix}"
+    if f'#include "{name}"' in text:
+        return (f"template() returns the line #include \"{name}\" instead of the header's text: NVRTC gets no "
+                f"include path, so template() must inline it (docs/adding-a-problem.md, template rules)")
+    return (f"the template does not include its genes header {name}: add the line #include \"{name}\" (inlined by "
+            f"template()) and {fix}")
+
+
 def header(problem: Problem, candidate: Candidate, dtype: str) -> str:
     parents = ", ".join(candidate.parents) or "none"
     return (f"// kernel-factory candidate {candidate.id} | problem {problem.name} v{problem.version} | dtype {dtype}\n"

@@ -1,7 +1,7 @@
-"""The `kernel-factory` command: run, resume, record, problems, lineage, export, bench, gap, report, faults, genes,
-ui. Bad input ends in one line naming the problem and a non-zero exit, never a traceback; what a run measured before
-an error or Ctrl-C stays in its journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes its report of the
-cases it measured."""
+"""The `kernel-factory` command: run, resume, record, problems, new, check, lineage, export, bench, gap, report,
+faults, genes, ui. Bad input ends in one line naming the problem and a non-zero exit, never a traceback; what a run
+measured before an error or Ctrl-C stays in its journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes
+its report of the cases it measured."""
 from __future__ import annotations
 
 import argparse
@@ -45,13 +45,18 @@ def _parser() -> argparse.ArgumentParser:
                           "add those that fail, with the gate's status and log; written to --out (default: "
                           "RECORDING itself)")
     sub.add_parser("problems", help="list the installed problem plugins")
-    chk = sub.add_parser("check", help="check a problem plugin without a GPU: contract, CPU reference and inputs, "
+    new = sub.add_parser("new", help="scaffold a problem plugin package (kf_NAME/) that passes `check` as written")
+    new.add_argument("name", help="the problem's name: lower-case letters, digits and _")
+    new.add_argument("--dir", default=".", help="the folder to write kf_NAME/ into (default: here)")
+    chk = sub.add_parser("check", help="check a problem plugin against every rule of docs/adding-a-problem.md "
+                                       "without a GPU: contract, CPU reference, inputs, baselines and launches, "
                                        "NVRTC compiles of its genomes with ptxas resources")
     chk.add_argument("problem")
     chk.add_argument("--sample", type=int, default=16, help="genomes to compile (default 16, defaults included)")
     chk.add_argument("--all", action="store_true", help="compile every feasible genome")
     chk.add_argument("--seed", type=int, default=0, help="which sample")
-    chk.add_argument("--shapes", type=int, default=3, help="correctness shapes run on the CPU (default 3)")
+    chk.add_argument("--shapes", type=int, default=3, help="correctness shapes run on the CPU per dtype (default 3)")
+    chk.add_argument("--jobs", type=int, help="compile processes (default: the CPU cores, at most 8)")
     lin = sub.add_parser("lineage", help="how a run's best (or a given) candidate came about, step by step")
     lin.add_argument("run_id", help="a run id (its folder under --runs) or the MLflow run id of its parent run")
     lin.add_argument("candidate", nargs="?", help="a candidate id or a unique prefix (default: the run's best)")
@@ -142,22 +147,31 @@ def cmd_problems() -> int:
             prob = registry.load("problem", name)
             print(f"{name:16s} v{prob.version}  {len(list(prob.space.genes))} genes, dtypes "
                   f"{'/'.join(prob.dtypes)}, {len(prob.shape_sets['benchmark'])} benchmark shapes  "
-                  f"{prob.description.split(':')[0]}")
+                  f"{prob.description}")
         except registry.PluginError as exc:
             print(f"{name:16s} BROKEN: {exc}")
     return 0
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    from .scaffold import next_steps, scaffold
+    print(next_steps(scaffold(args.name, args.dir), args.name))
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from .check import CheckFailed, check
-    if args.sample < 1 or args.shapes < 1:
-        raise ConfigError("--sample and --shapes must be >= 1")
-    try:
-        lines = check(args.problem, None if args.all else args.sample, args.seed, args.shapes)
+    if args.sample < 1 or args.shapes < 1 or (args.jobs is not None and args.jobs < 1):
+        raise ConfigError("--sample, --shapes and --jobs must be >= 1")
+    try:   # each line of the report once, on stdout, as it is found; the failure (and where) on stderr
+        check(args.problem, None if args.all else args.sample, args.seed, args.shapes,
+              emit=lambda line: print(line, flush=True), workers=args.jobs)
     except CheckFailed as exc:
-        print(f"kernel-factory check: {args.problem}: FAILED: {exc}", file=sys.stderr)
+        print(f"kernel-factory check: {args.problem}: FAILED {exc}", file=sys.stderr)
+        if exc.context:
+            print(exc.context, file=sys.stderr)
         return EXIT_FAILED
-    print("\n".join(lines + [f"{args.problem}: ok"]))
+    print(f"{args.problem}: ok")
     return 0
 
 
@@ -243,6 +257,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     path, table = export.export(args.problem, args.sources, args.out or f"kernels/ops/{args.problem}.json",
                                 args.runs, args.build)
     print(export.summary(path, table))
+    if args.build:
+        from .export_op import op_line
+        print(op_line(args.problem, table, path))
     return 0
 
 
@@ -360,7 +377,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
                 "lineage": cmd_lineage, "export": cmd_export, "bench": cmd_bench, "gap": cmd_gap,
                 "report": cmd_report, "faults": cmd_faults,
-                "heldout": cmd_heldout, "genes": cmd_genes, "check": cmd_check}
+                "heldout": cmd_heldout, "genes": cmd_genes, "check": cmd_check, "new": cmd_new}
     return commands.get(args.command, cmd_ui)(args)
 
 

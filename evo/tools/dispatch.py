@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from ..config import ConfigError
 from ..evaluate import render
+from ...kernels import recipe as op_recipe
 from ...kernels import table as op_table
 from ..evaluate.compile import ARCH, CompileJob, compile_one, nvrtc_version
 from ..protocols import LaunchRecipe, Problem
@@ -105,9 +106,15 @@ def build(problem: Problem, table: dict[str, Any], folder: str | Path) -> dict[s
     beside (folder/../sources/, gzip), and record in table["kernels"] what the op needs: the cubin's file and sha256,
     the launch recipe, the source file and the toolchain. Deletes this problem's cubins and sources that the table no
     longer names. Returns the table."""
-    if not isinstance(problem, LaunchRecipe):
+    if not isinstance(problem, LaunchRecipe) or problem.recipe is None:
         raise TableError(f"problem {problem.name!r} has no recipe(genes, dtype): the op cannot launch its kernels "
-                         f"without the plugin; give it a launch recipe (kernels/recipe.py) to export it")
+                         f"without the plugin; give it a launch recipe (docs/adding-a-problem.md, the launch recipe) "
+                         f"to export it")
+    for genome_id, dtype in used(table):
+        wrong = op_recipe.check(problem.recipe(genome(table, genome_id).gene_dict, dtype))
+        if wrong:
+            raise TableError(f"the launch recipe of {problem.name} genome {genome_id} ({dtype}) cannot be exported: "
+                             f"{wrong[0]}")
     folder = Path(folder)
     sources = folder.parent / SOURCE_FOLDER
     folder.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .. import build
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
 from ..evaluate import recording
 from ..evaluate.gpu import GpuEvaluator
 from ..types import Candidate, GeneSpace, Genome
@@ -42,9 +42,7 @@ def remeasure(writer: recording.Writer, evaluator: GpuEvaluator, header: dict) -
 
 def record(cfg: RunConfig, out: Path, sample: int | None = None, sample_seed: int = 0) -> Path:
     run = build.prepare(cfg)
-    kind, reason = build.evaluator_kind(cfg)
-    if kind != "gpu":
-        raise ConfigError(f"record measures on a GPU, and this machine has none: {reason}")
+    build.need_gpu(cfg, "record")
     genomes, rule = sampled_space(run.problem.space, sample, sample_seed)
     evaluator = build.make_evaluator(run, "gpu")
     assert isinstance(evaluator, GpuEvaluator)

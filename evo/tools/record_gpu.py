@@ -26,9 +26,7 @@ def add_gpu_failures(cfg: RunConfig, path: str | Path, out: str | Path) -> tuple
     out's `.partial.jsonl` (recording.Writer), so that the same command, run again after a kill or a time limit,
     measures only what is left."""
     run = build.prepare(cfg)
-    kind, reason = build.evaluator_kind(cfg)
-    if kind != "gpu":
-        raise ConfigError(f"--outside-rule measures on a GPU, and this machine has none: {reason}")
+    build.need_gpu(cfg, "record --outside-rule")
     rec = recording.read(path)
     if rec.header.get("problem") != run.problem.name or rec.header.get("cases") != [c.key for c in run.cases]:
         raise ConfigError(f"--outside-rule: {path} records {rec.header.get('problem')!r} on other cases than "

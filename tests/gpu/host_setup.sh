@@ -4,13 +4,20 @@
 # Each call collects the wheels and wheel parts of the folders it is given into /tmp/kf-wheels (what earlier calls
 # on the same warm host brought is kept), joins a split wheel once all its parts are there and its SHA-256 matches,
 # installs every wheel into /tmp/site whenever a new one arrived (in one pip call: the cutlass-dsl wheels share a
-# top-level folder), then this checkout and the plugin packages under tests/plugins/ into /tmp/kf. INT21's
-# RMSNorm-H100 source, carried as .int21/, goes on PYTHONPATH (its first import builds it with nvcc; start
-# `tests/gpu/host_setup.sh`'s int21_build early). Its last step imports every peer named in KF_PEERS (default:
+# top-level folder), then this checkout, the plugin packages under tests/plugins/ and any plugin folder given into
+# /tmp/kf. INT21's RMSNorm-H100 source, carried as .int21/, goes on PYTHONPATH (its first import builds it with
+# nvcc; start `tests/gpu/host_setup.sh`'s int21_build early). Its last step imports every peer named in KF_PEERS (default:
 # quack liger int21) and fails, naming each peer and the first line of its error, unless KF_PEERS is set to
 # fewer; a peer whose wheels have not all arrived yet is named as such.
 # The older layout (.whl/ with install-wheels.sh) still works: `source tests/gpu/host_setup.sh .whl-baselines`.
-_kf_dirs=("$@")
+# A folder with a pyproject.toml among the arguments is a problem plugin package (one outside this repository,
+# carried beside it): it is installed with the plugins under tests/plugins/, e.g.
+#   source tests/gpu/host_setup.sh .gpu-a ../kf_my_op
+_kf_dirs=()
+_kf_plugins=()
+for _d in "$@"; do
+  if [ -f "$_d/pyproject.toml" ]; then _kf_plugins+=("$_d"); else _kf_dirs+=("$_d"); fi
+done
 [ -d .whl ] && _kf_dirs=(.whl "${_kf_dirs[@]}")
 mkdir -p /tmp/kf-wheels/parts /tmp/kf-wheels/whl
 touch /tmp/kf-wheels/installed
@@ -66,6 +73,7 @@ kf_pip() { python3 -m pip install -q --root-user-action=ignore --no-deps --no-bu
   | grep -v "^WARNING: Target" || true; }
 kf_pip .
 for plugin in tests/plugins/*/pyproject.toml; do kf_pip "$(dirname "$plugin")"; done
+for plugin in "${_kf_plugins[@]}"; do kf_pip "$plugin"; echo "host_setup: plugin $plugin installed"; done
 export PYTHONPATH="/tmp/kf:${PYTHONPATH}"
 [ -d .int21/rmsnorm ] && export PYTHONPATH="$PWD/.int21:${PYTHONPATH}"
 export PATH="/tmp/kf/bin:${PATH}"

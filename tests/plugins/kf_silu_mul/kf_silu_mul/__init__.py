@@ -1,0 +1,1 @@
+"""The silu_mul problem plugin (scaffolded by `kernel-factory new silu_mul`)."""
