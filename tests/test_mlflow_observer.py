@@ -3,7 +3,9 @@ metrics and sources, per-generation curves, failures that do not stop the run, a
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -135,7 +137,9 @@ def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
     assert f"#/experiments/{exp_id}/runs/{by_id(children, c['a'].id).info.run_id}" in \
         by_id(children, c["x"].id).data.tags["mlflow.note.content"]   # a child links its parents' runs
     assert by["a"].data.metrics["time_us.bfloat16_32768x256"] == 10.0
-    assert by["a"].data.metrics["registers.bfloat16"] == 40 and by["b"].data.metrics["fitness"] == 0.0
+    assert by["a"].data.metrics["registers.bfloat16"] == 40 and by["x"].data.metrics["fitness"] == \
+        ok(c["x"], 8.0).fitness
+    assert "fitness" not in by["b"].data.metrics   # a failure measured no fitness (its 0 is the search's verdict)
     assert "gpu_s" not in by["b"].data.metrics   # zero-only
     assert by["x"].data.params["gene.threads"] == "128" and by["x"].data.params["patch"] == "none"
     assert by["p"].data.params["patch"] == "reduce"
@@ -253,3 +257,18 @@ def test_default_logs_a_candidate_table_and_ui_notes_on_the_parent(tmp_path, rms
     assert {"candidates.json", "lineage.md", "failures.md", "images", "kernels"} <= files
     assert "max abs error 3.1" in text_artifact(client, pid, "failures.md", tmp_path / "dl")
     assert c["x"].id in text_artifact(client, pid, "lineage.md", tmp_path / "dl")
+
+
+def test_no_artifact_progress_bar_reaches_the_console(tmp_path):
+    """MLflow draws a bar for each artifact download (warm start reads every earlier run's table, log_table appends
+    to a downloaded one); in a run's process none is drawn, whatever the environment says."""
+    (tmp_path / "art").mkdir()
+    (tmp_path / "art" / "candidates.json").write_text(json.dumps({"columns": ["a"], "data": [[1]]}))
+    script = ("import sys; import kernel_factory.evo.prior; "
+              "from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository as Repo; "
+              "print(Repo(sys.argv[1]).download_artifacts('candidates.json', sys.argv[2]))")
+    env = {**os.environ, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "true"}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "art"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("candidates.json"), done.stderr
+    assert "Downloading" not in done.stderr and "it/s" not in done.stderr, done.stderr

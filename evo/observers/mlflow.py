@@ -35,18 +35,23 @@ def llm_usage(candidate: Candidate) -> dict[str, Any]:
     return json.loads(text) if text else {}
 
 
-def candidate_metrics(generation: int, result: EvalResult) -> dict[str, float]:
-    """Everything numeric about one evaluation: fitness, per-case times and bandwidth, ptxas facts per dtype."""
-    values: dict[str, float] = {"fitness": result.fitness, "generation": generation, "gpu_s": result.gpu_s}
+def candidate_metrics(generation: int, result: EvalResult, replay: bool = False) -> dict[str, float]:
+    """Everything numeric about one evaluation: fitness (a measured candidate's only), per-case times and bandwidth,
+    ptxas facts per dtype. GPU and compile seconds that this run did not spend (a replay's, the recording's) are
+    named recorded_*; zeros are left out."""
+    rec = "recorded_" if replay else ""
+    values: dict[str, float] = {"generation": generation, f"{rec}gpu_s": result.gpu_s}
+    if result.status is Status.OK:
+        values["fitness"] = result.fitness
     per_case = {"time_us": result.times_us, "iqr_us": result.iqr_us, "baseline_us": result.baseline_us,
                 "gbps": result.gbps}
     for prefix, by_case in per_case.items():
         values.update({f"{prefix}.{safe_key(case)}": v for case, v in by_case.items()})
     for dtype, info in result.build.items():
         facts = {"registers": info.registers, "spill_stores": info.spill_stores, "shared_bytes": info.shared_bytes,
-                 "compile_s": info.compile_s}
+                 f"{'recorded_' if info.cached else ''}compile_s": info.compile_s}
         values.update({f"{fact}.{safe_key(dtype)}": v for fact, v in facts.items() if v is not None})
-    return values
+    return {k: v for k, v in values.items() if v or k in ("fitness", "generation")}
 
 
 class MlflowObserver:
@@ -231,8 +236,8 @@ class MlflowObserver:
         try:
             params = {f"gene.{name}": str(value) for name, value in candidate.genome.genes}
             params["patch"] = ",".join(name for name, _ in candidate.genome.patch) or "none"
-            values = candidate_metrics(generation, result) | {f"llm.{k}": usage[k] for k in LLM_FIGURES if usage}
-            values = {k: v for k, v in values.items() if v or k in ("fitness", "generation")}
+            values = candidate_metrics(generation, result, self.run.evaluator.kind == "replay")
+            values |= {f"llm.{k}": usage[k] for k in LLM_FIGURES if usage and usage[k]}
             self._log_batch(run_id, metrics_of(values, 0), params_of(params))
             for name, text in self._candidate_files(candidate, result):
                 self.client.log_text(run_id, text, name)
@@ -279,7 +284,8 @@ class MlflowObserver:
             return
         graph = lineage.build(results, self.run.run_id)
         copy = float(self.run.evaluator.fingerprint.get("copy_gbps", 0) or 0)
-        rows = view.candidate_table(new, graph, copy, [c.key for c in self.run.cases])
+        rows = view.candidate_table(new, graph, copy, [c.key for c in self.run.cases],
+                                    self.run.evaluator.kind == "replay")
         self.client.log_table(self.parent_id, rows, view.TABLE)
         self.logged |= {c.id for c, _ in new}
 
@@ -308,7 +314,7 @@ class MlflowObserver:
                   f"{recorded}timed_per_gpu_minute": summary.timed_per_gpu_minute, **llm}
         values = {k: v for k, v in values.items() if v or k in ("final_best_fitness", "failures_total")}
         values |= {f"finalist_speedup.{f['candidate_id']}": f["speedup"] for f in summary.finalists if "speedup" in f}
-        values |= accounting_metrics(summary.accounting)
+        values |= accounting_metrics(summary.accounting, [r for _, r in self.seen], replay)
         tags = {"kf.stop_reason": summary.stop_reason, "kf.best_candidate_id": best[0].id if best else "none"}
         graph = self._graph(self.seen, best[0].id if best else None)
         tags[view.NOTE_TAG] = self._description(graph, failures)
@@ -345,17 +351,26 @@ class MlflowObserver:
                         self.client.log_text(self.parent_id, text, f"kernels/{node}/{name}")
 
 
-def accounting_metrics(books: Mapping[str, Any]) -> dict[str, float]:
-    """The scalar part of the run's accounting (accounting.py) as metrics; the rest is in summary.json."""
+def accounting_metrics(books: Mapping[str, Any], results: Sequence[EvalResult], replay: bool) -> dict[str, float]:
+    """The scalar part of the run's accounting (accounting.py) as metrics; the rest is in summary.json. As with
+    every parent metric, a zero is not logged (no LLM, no GPU worker in a replay, an empty queue). What this run
+    did not spend carries its source in its name: simulated_* for a simulated pool's workers (recorded latencies),
+    recorded_compile_s_host for the compile seconds of a replay's recorded builds (the recording machine's)."""
     if not books:
         return {}
-    out = {f"gpu_s.{safe_key(name)}": s for name, s in books["gpu_s_per_worker"].items()}
+    sim = "simulated_" if books.get("simulated") else ""
+    out = {f"{sim}gpu_s.{safe_key(name)}": s for name, s in books["gpu_s_per_worker"].items()}
     out |= {"compile_s_host": books["compile_s_host"], "queue_depth_mean": books["queue_depth"]["mean"],
-            "queue_depth_max": books["queue_depth"]["max"], "workers": books["workers"],
-            "worker_respawns": books["respawns"], "llm_tokens_prompt": books["llm_tokens"]["prompt"],
+            "queue_depth_max": books["queue_depth"]["max"], "worker_respawns": books["respawns"],
+            "llm_tokens_prompt": books["llm_tokens"]["prompt"],
             "llm_tokens_completion": books["llm_tokens"]["completion"],
-            "timed_per_held_gpu_minute": books["timed_per_held_gpu_minute"]}
-    return {k: float(v) for k, v in out.items()}
+            f"{sim}timed_per_held_gpu_minute": books["timed_per_held_gpu_minute"]}
+    if any(books["gpu_s_per_worker"].values()):   # a replay's inline "worker" is no GPU: it held none
+        out[f"{sim}workers"] = books["workers"]
+    if replay:
+        out["recorded_compile_s_host"] = sum(info.compile_s or 0.0 for r in results for info in r.build.values()
+                                             if info.cached)
+    return {k: float(v) for k, v in out.items() if v}
 
 
 def source_tags(evaluator: EvaluatorInfo) -> dict[str, str]:
