@@ -91,16 +91,17 @@ def source_filter(kind: str, gpu: str, recording: str, learn_from: str = "same_k
     return f" and tags.`kf.evaluator` = '{kind}' and tags.`kf.env.gpu` = '{gpu}'"
 
 
-def read_table(client: Any, run_id: str) -> dict[str, list]:
+def read_table(client: Any, run_id: str, numbers: bool = True) -> dict[str, list]:
     """A parent run's candidate table (candidates.json) as {column: values} ({} when it has none), its numbers as
-    floats (None where a candidate has none: a failure's fitness)."""
+    floats (None where a candidate has none: a failure's fitness), or as the text it holds (numbers=False)."""
     import json
     import tempfile
     if TABLE not in {a.path for a in client.list_artifacts(run_id)}:
         return {}
     with tempfile.TemporaryDirectory(prefix="kf-table-") as tmp:
         data = json.loads(Path(client.download_artifacts(run_id, TABLE, tmp)).read_text())
-    return table_numbers({name: [row[i] for row in data["data"]] for i, name in enumerate(data["columns"])})
+    table = {name: [row[i] for row in data["data"]] for i, name in enumerate(data["columns"])}
+    return table_numbers(table) if numbers else table
 
 
 def _table_records(client: Any, parent: Any, space: GeneSpace, run_id: str) -> list[Record | None]:

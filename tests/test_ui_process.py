@@ -167,3 +167,12 @@ def test_it_binds_loopback_unless_told_otherwise(tmp_path):
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     with pytest.raises(cli.ConfigError, match="--port must be between 1 and 65535"):
         ui.check_port("127.0.0.1", 70000)
+
+
+def test_the_screenshots_command_says_what_it_lacks_in_one_line(tmp_path, capsys):
+    from kernel_factory.evo.tools import screenshots
+    missing = tmp_path / "no-such.yaml"
+    assert screenshots.main([str(tmp_path / "img"), "--config", str(missing)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"screenshots: error: no config at {str(missing)!r}: run from the repository's root or pass --config"]
+    assert not (tmp_path / "img").exists()

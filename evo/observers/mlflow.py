@@ -13,7 +13,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from . import lineage, mlflow_view as view
 from .mlflow_store import (Metric, MlflowClient, Param, RunTag, TrackingError, Writer, batches, experiment_id,
-                           flatten, metrics_of, open_tracking, params_of, prepare_ui, safe_key, tags_of, tracking_uri)
+                           flatten, log_table_file, metrics_of, open_tracking, params_of, prepare_ui, safe_key,
+                           tags_of, tracking_uri)
 from .provenance import git_tags
 from ..config import RunConfig
 from ..evaluate import render
@@ -77,6 +78,7 @@ class MlflowObserver:
         self.parent_id = ""
         self.seen: list[tuple[Candidate, EvalResult]] = []   # every result so far, for the lineage
         self.logged: set[str] = set()     # on resume: candidates whose child runs are complete already
+        self.table: dict[str, list] = {}  # the candidate table so far, {column: cells}, written whole each time
         self.last_generation = -1         # on resume: the last generation whose metrics are logged
         # LLM calls' figures, this generation's and the run's (added up on the loop's thread).
         self.llm_generation = dict.fromkeys(LLM_FIGURES, 0.0)
@@ -207,7 +209,8 @@ class MlflowObserver:
                 self.logged.add(child.data.tags.get("kf.candidate_id", ""))
             else:
                 self.client.delete_run(child.info.run_id)
-        self.logged |= set(read_table(self.client, self.parent_id).get("candidate", []))
+        self.table = read_table(self.client, self.parent_id, numbers=False)
+        self.logged |= set(self.table.get("candidate", []))
         history = self.client.get_metric_history(self.parent_id, "best_fitness")
         self.last_generation = max((m.step for m in history), default=-1)
         return True
@@ -278,7 +281,7 @@ class MlflowObserver:
         return {k: v for k, v in values.items() if k in self.nonzero}
 
     def _log_table(self, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
-        """This generation's new candidates appended to the parent's candidates.json (MLflow's log_table)."""
+        """This generation's new candidates added to the parent's candidates.json."""
         new = [(c, r) for c, r in results if c.id not in self.logged]
         if not new:
             return
@@ -286,7 +289,11 @@ class MlflowObserver:
         copy = float(self.run.evaluator.fingerprint.get("copy_gbps", 0) or 0)
         rows = view.candidate_table(new, graph, copy, [c.key for c in self.run.cases],
                                     self.run.evaluator.kind == "replay")
-        self.client.log_table(self.parent_id, rows, view.TABLE)
+        before = len(next(iter(self.table.values()), []))
+        # A resumed run's table, written by an older version, may lack a column or hold another: empty cells there.
+        for name in [*self.table, *(k for k in rows if k not in self.table)]:
+            self.table.setdefault(name, [""] * before).extend(rows.get(name, [""] * len(new)))
+        log_table_file(self.client, self.parent_id, view.table_file(self.table), view.TABLE)
         self.logged |= {c.id for c, _ in new}
 
     def _log_lineage(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> None:
@@ -308,11 +315,13 @@ class MlflowObserver:
         best, replay = summary.best, self.run.evaluator.kind == "replay"
         failures = dict(Counter(r.status.value for _, r in self.seen if r.status.failed))
         recorded = "recorded_" if replay else ""   # a replay's GPU time was spent when the recording was made
-        values = {"final_best_fitness": best[1].fitness if best else 0.0, "evaluations_total": summary.evaluations,
-                  "failures_total": sum(failures.values()), "wall_s_total": summary.wall_s,
-                  f"{recorded}gpu_s_total": summary.gpu_s,
+        # Rounded as the run's name and description show them: the runs table's 100-pixel columns cut the rest.
+        values = {"evaluations_total": summary.evaluations, "failures_total": sum(failures.values()),
+                  "wall_s_total": round(summary.wall_s, 3), f"{recorded}gpu_s_total": round(summary.gpu_s, 3),
                   f"{recorded}timed_per_gpu_minute": summary.timed_per_gpu_minute, **llm}
-        values = {k: v for k, v in values.items() if v or k in ("final_best_fitness", "failures_total")}
+        if best and best[1].status is Status.OK:   # no measured candidate: no best fitness (not a 0)
+            values["final_best_fitness"] = round(best[1].fitness, 4)
+        values = {k: v for k, v in values.items() if v or k == "failures_total"}
         values |= {f"finalist_speedup.{f['candidate_id']}": f["speedup"] for f in summary.finalists if "speedup" in f}
         values |= accounting_metrics(summary.accounting, [r for _, r in self.seen], replay)
         tags = {"kf.stop_reason": summary.stop_reason, "kf.best_candidate_id": best[0].id if best else "none"}

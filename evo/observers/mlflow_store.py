@@ -165,6 +165,16 @@ class Writer:
         self.jobs.task_done()
 
 
+def log_table_file(client: MlflowClient, run_id: str, text: str, path: str) -> None:
+    """Write a table file (mlflow_view.table_file) whole, marked as a table as log_table marks its own (the tag
+    mlflow.loggedArtifacts), so that the artifact viewer shows it as a table and the Evaluation view compares it."""
+    client.log_text(run_id, text, path)
+    tags = client.get_run(run_id).data.tags
+    logged = json.loads(tags.get("mlflow.loggedArtifacts", "[]"))
+    if {"path": path, "type": "table"} not in logged:
+        client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [{"path": path, "type": "table"}]))
+
+
 def prepare_ui(client: MlflowClient, experiment_id: str, problem: str) -> None:
     """The experiment's UI tags: open in the training-runs view, the start link's saved view, a description."""
     tags = {view.KIND_TAG: view.KIND, view.VIEW_TAG: json.dumps(view.view_state()),

@@ -3,6 +3,7 @@ the start link opens (parent runs, the columns that matter), the candidate table
 No mlflow import: mlflow.py writes these, and a user comparing runs reads them."""
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from typing import Any, Mapping, Sequence
@@ -25,10 +26,12 @@ TABLE = "candidates.json"
 # Distinct at a glance and for colour-blind readers (Okabe-Ito first, then Tableau's darker hues).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442", "#000000",
            "#8c564b", "#7f7f7f", "#bcbd22", "#17becf")
+# The runs table's columns beyond name, start and duration, 100 pixels each: seven fit a 1500-pixel window beside
+# MLflow's side bar (columns past the window's edge are not drawn until scrolled to). A run has one of gpu_s_total
+# (live) and recorded_gpu_s_total (replay); the seed is in the run name, the best candidate in the description.
 COLUMNS = (("metrics", "final_best_fitness"), ("metrics", "evaluations_total"), ("metrics", "failures_total"),
            ("tags", "kf.evaluator"), ("tags", "kf.warm_start_runs"), ("tags", "kf.stop_reason"),
-           ("metrics", "gpu_s_total"), ("metrics", "recorded_gpu_s_total"), ("params", "seed"),
-           ("tags", "kf.best_candidate_id"))
+           ("metrics", "gpu_s_total"), ("metrics", "recorded_gpu_s_total"))
 
 
 def column_key(kind: str, name: str) -> str:
@@ -106,9 +109,10 @@ def candidate_table(results: Sequence[tuple[Candidate, EvalResult]], graph: nx.D
     (status ok) has a fitness, and a fitness change only against a measured parent: a failure's 0 is the search's
     verdict, not a number it measured. A replay's GPU seconds are the recording's: recorded_gpu_s."""
     gpu_s = "recorded_gpu_s" if replay else "gpu_s"
+    # What a user sorts by and reads first: the viewer shows about six columns at a time (scroll for the rest).
     columns: dict[str, list] = {name: [] for name in (
-        "candidate", "generation", "operator", "parents", "status", "fitness", "fitness_change", "gene_diff",
-        "copy_bw_pct", "why", "genes", "patch", gpu_s)}
+        "candidate", "status", "fitness", "fitness_change", "gene_diff", "operator", "generation", "parents", "why",
+        "copy_bw_pct", "genes", "patch", gpu_s)}
     columns |= {f"speedup {case}": [] for case in cases}
     for cand, res in results:
         step = lineage.against_parent(graph, cand.id)
@@ -130,9 +134,16 @@ def candidate_table(results: Sequence[tuple[Candidate, EvalResult]], graph: nx.D
 
 def cell(value: float | None, places: int = 4) -> str:
     """A number as the table's text: fixed decimals, '' for none. MLflow's table viewer shows every cell as text and
-    sorts text with runs of digits compared as integers, so "1.105" would sort below "1.0234" (105 < 234); with
+    sorts text with runs of digits compared as integers, so "1.105" would sort as less than "1.0234" (105 < 234); with
     the same number of decimals in every row its order is the numeric one (for values >= 0)."""
     return "" if value is None else f"{value:.{places}f}"
+
+
+def table_file(table: Mapping[str, list]) -> str:
+    """The candidate table ({column: values}) as the file MLflow's table viewer reads: pandas' "split" layout,
+    written whole by us rather than appended by MLflow's log_table, whose round trip through pandas turns "1.1030"
+    back into 1.103 in the rows it re-reads (and downloads the table again every generation)."""
+    return json.dumps({"columns": list(table), "data": [list(row) for row in zip(*table.values())]})
 
 
 def table_numbers(table: Mapping[str, list]) -> dict[str, list]:
