@@ -11,7 +11,7 @@ import re
 from kernel_factory.evo import accounting
 from kernel_factory.evo.evaluate.replay import ReplayEvaluator
 from kernel_factory.evo.observers import lineage, mlflow_view as view
-from kernel_factory.evo.observers.mlflow import accounting_metrics, candidate_metrics
+from kernel_factory.evo.observers.mlflow_numbers import accounting_metrics, candidate_metrics
 from kernel_factory.evo.types import BuildInfo, Candidate, Case, EvalResult, Genome, Status
 
 CASE = "bfloat16:32768x256"
