@@ -9,11 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from .history import Record
-from .observers.mlflow_view import TABLE
+from .observers.mlflow_view import TABLE, table_numbers
 from .types import GeneSpace, Status
 
 # MLflow reads this when it loads; a user's own setting wins.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# MLflow draws a progress bar on stderr for every artifact download (each log_table appends to a downloaded table;
+# warm start reads every earlier run's table): bars that pile up in the console's progress lines. MLflow reads
+# this on each download, so this line, run before any store is read, switches them off for the whole process.
+os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
 
 from mlflow.tracking import MlflowClient  # noqa: E402
 
@@ -72,7 +76,8 @@ def _record(run: Any, space: GeneSpace, parent_run_id: str) -> Record | None:
     parents = tuple(p for p in tags.get("kf.parent_ids", "").split(",") if p)
     return Record(tags["kf.candidate_id"], genes, params.get("patch", "none") != "none", parents,
                   tags.get("kf.operator", ""), int(tags.get("kf.generation", "0")), Status(tags["kf.status"]),
-                  float(metrics.get("fitness", 0.0)), float(metrics.get("gpu_s", 0.0)), parent_run_id)
+                  float(metrics.get("fitness", 0.0)), float(metrics.get("gpu_s", metrics.get("recorded_gpu_s", 0.0))),
+                  parent_run_id)
 
 
 def source_filter(kind: str, gpu: str, recording: str, learn_from: str = "same_kind") -> str:
@@ -86,15 +91,17 @@ def source_filter(kind: str, gpu: str, recording: str, learn_from: str = "same_k
     return f" and tags.`kf.evaluator` = '{kind}' and tags.`kf.env.gpu` = '{gpu}'"
 
 
-def read_table(client: Any, run_id: str) -> dict[str, list]:
-    """A parent run's candidate table (candidates.json) as {column: values} ({} when it has none)."""
+def read_table(client: Any, run_id: str, numbers: bool = True) -> dict[str, list]:
+    """A parent run's candidate table (candidates.json) as {column: values} ({} when it has none), its numbers as
+    floats (None where a candidate has none: a failure's fitness), or as the text it holds (numbers=False)."""
     import json
     import tempfile
     if TABLE not in {a.path for a in client.list_artifacts(run_id)}:
         return {}
     with tempfile.TemporaryDirectory(prefix="kf-table-") as tmp:
         data = json.loads(Path(client.download_artifacts(run_id, TABLE, tmp)).read_text())
-    return {name: [row[i] for row in data["data"]] for i, name in enumerate(data["columns"])}
+    table = {name: [row[i] for row in data["data"]] for i, name in enumerate(data["columns"])}
+    return table_numbers(table) if numbers else table
 
 
 def _table_records(client: Any, parent: Any, space: GeneSpace, run_id: str) -> list[Record | None]:
@@ -106,8 +113,8 @@ def _table_records(client: Any, parent: Any, space: GeneSpace, run_id: str) -> l
         genes = _typed_genes(params, space)
         out.append(None if genes is None else Record(
             row["candidate"], genes, row["patch"] != "none", tuple(p for p in row["parents"].split(",") if p),
-            row["operator"], int(row["generation"]), Status(row["status"]), float(row["fitness"]),
-            float(row["gpu_s"] or 0.0), run_id))
+            row["operator"], int(row["generation"]), Status(row["status"]), row["fitness"] or 0.0,
+            row.get("gpu_s", row.get("recorded_gpu_s")) or 0.0, run_id))
     return out
 
 

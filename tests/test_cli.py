@@ -5,7 +5,7 @@ import os
 import socket
 import subprocess
 import sys
-import time
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -68,17 +68,15 @@ def test_ui_serves_the_run_store(quickstart):
     cwd, _ = quickstart
     port = free_port()
     proc = subprocess.Popen([*CLI, "ui", "--port", str(port)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, text=True)
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                if urllib.request.urlopen(f"{base}/health", timeout=2).read() == b"OK":
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("mlflow ui did not come up")
+        said = [""]
+        while "listening on" not in said[-1]:   # the command says so once the server accepts connections
+            said.append(proc.stdout.readline())
+            assert said[-1] or proc.poll() is None, "mlflow ui did not come up:\n" + "".join(said[-20:])
+        threading.Thread(target=proc.stdout.read, daemon=True).start()   # the server logs on: keep the pipe open
+        assert urllib.request.urlopen(f"{base}/health", timeout=10).read() == b"OK"
         assert b"<title>MLflow</title>" in urllib.request.urlopen(base, timeout=10).read()
         exp = json.load(urllib.request.urlopen(
             f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=rmsnorm_fwd", timeout=10))

@@ -3,7 +3,10 @@ metrics and sources, per-generation curves, failures that do not stop the run, a
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,7 +48,7 @@ def ok(cand: Candidate, t: float) -> EvalResult:
 
 
 def drive(tmp_path: Path, problem, kind: str = "gpu", extra_patch: dict | None = None, db: str = "m.db",
-          child_runs: bool = True) -> tuple:
+          child_runs: bool = True, plan: tuple = ((0, "abc"), (1, "xp"))) -> tuple:
     """A two-generation run through the observer; returns (observer, config, candidates by name)."""
     cfg = parse({"problem": "rmsnorm_fwd", "tracking": {"store": str(tmp_path / db), "child_runs": child_runs,
                                                         "artifacts": str(tmp_path / "art")}})
@@ -68,7 +71,7 @@ def drive(tmp_path: Path, problem, kind: str = "gpu", extra_patch: dict | None =
                   str(tmp_path / "runs"))
     obs = MlflowObserver(problem=problem, config=cfg)
     obs.on_start(run)
-    for gen, names in ((0, "abc"), (1, "xp")):
+    for gen, names in plan:
         obs.on_results(gen, [(c[n], res[n]) for n in names])
         obs.on_generation(GenerationStats(gen, 3 if gen == 0 else 5, res["a" if gen == 0 else "x"].fitness, 0.5,
                                           c["a" if gen == 0 else "x"].id, {"ok": 1}, 0.1))
@@ -115,7 +118,7 @@ def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
     assert "this_gen.timeout" not in parent.data.metrics and "lessons" not in parent.data.metrics   # zero-only
     assert parent.data.metrics["failures_total"] == 2 and parent.data.metrics["gpu_s_total"] == 0.15
     assert parent.data.metrics["evaluations_total"] == 5
-    assert parent.data.metrics["final_best_fitness"] == ok(c["x"], 8.0).fitness
+    assert parent.data.metrics["final_best_fitness"] == round(ok(c["x"], 8.0).fitness, 4)
     summary = json.loads(text_artifact(client, pid, "summary.json", tmp_path / "dl"))
     assert summary["best"]["candidate_id"] == c["x"].id and summary["best"]["genes"]["threads"] == 128
     assert [h["candidate_id"] for h in summary["hall_of_fame"]] == [c[n].id for n in "xpa"]
@@ -135,7 +138,9 @@ def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
     assert f"#/experiments/{exp_id}/runs/{by_id(children, c['a'].id).info.run_id}" in \
         by_id(children, c["x"].id).data.tags["mlflow.note.content"]   # a child links its parents' runs
     assert by["a"].data.metrics["time_us.bfloat16_32768x256"] == 10.0
-    assert by["a"].data.metrics["registers.bfloat16"] == 40 and by["b"].data.metrics["fitness"] == 0.0
+    assert by["a"].data.metrics["registers.bfloat16"] == 40 and by["x"].data.metrics["fitness"] == \
+        ok(c["x"], 8.0).fitness
+    assert "fitness" not in by["b"].data.metrics   # a failure measured no fitness (its 0 is the search's verdict)
     assert "gpu_s" not in by["b"].data.metrics   # zero-only
     assert by["x"].data.params["gene.threads"] == "128" and by["x"].data.params["patch"] == "none"
     assert by["p"].data.params["patch"] == "reduce"
@@ -249,7 +254,39 @@ def test_default_logs_a_candidate_table_and_ui_notes_on_the_parent(tmp_path, rms
     assert x["fitness_change"] == pytest.approx(ok(c["x"], 8.0).fitness - ok(c["a"], 10.0).fitness, abs=1e-4)
     assert x["speedup bfloat16:32768x256"] == 1.5 and x["copy_bw_pct"] is None   # no copy bandwidth measured
     assert rows[c["b"].id]["status"] == "compile_error" and rows[c["b"].id]["why"] == "compile failed"
+    assert rows[c["b"].id]["fitness"] is None and rows[c["b"].id]["fitness_change"] is None   # nothing measured
+    # The file holds the cells as written, generation 0's included (MLflow's log_table append would turn "1.1030"
+    # back into 1.103 in the rows it re-reads); the UI shows it as a table because of the tag log_table sets.
+    assert json.loads(tags["mlflow.loggedArtifacts"]) == [{"path": "candidates.json", "type": "table"}]
     files = {a.path for a in client.list_artifacts(pid)}
     assert {"candidates.json", "lineage.md", "failures.md", "images", "kernels"} <= files
     assert "max abs error 3.1" in text_artifact(client, pid, "failures.md", tmp_path / "dl")
     assert c["x"].id in text_artifact(client, pid, "lineage.md", tmp_path / "dl")
+
+
+def test_no_artifact_progress_bar_reaches_the_console(tmp_path):
+    """MLflow draws a bar for each artifact download (warm start reads every earlier run's table, log_table appends
+    to a downloaded one); in a run's process none is drawn, whatever the environment says."""
+    (tmp_path / "art").mkdir()
+    (tmp_path / "art" / "candidates.json").write_text(json.dumps({"columns": ["a"], "data": [[1]]}))
+    script = ("import sys; import kernel_factory.evo.prior; "
+              "from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository as Repo; "
+              "print(Repo(sys.argv[1]).download_artifacts('candidates.json', sys.argv[2]))")
+    env = {**os.environ, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "true"}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "art"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("candidates.json"), done.stderr
+    assert "Downloading" not in done.stderr and "it/s" not in done.stderr, done.stderr
+
+
+@pytest.mark.usefixtures("migrated")
+def test_the_table_keeps_its_numbers_as_written(tmp_path, rmsnorm):
+    """Each generation's rows stay as written, with as many decimals as the viewer needs to sort them by value.
+    (MLflow's log_table appends through pandas, which turns a column of "1.1030" it re-reads into 1.103.)"""
+    _, _, c = drive(tmp_path, rmsnorm, kind="replay", child_runs=False, plan=((0, "a"), (1, "xp")))
+    client, exp_id = client_for(tmp_path)
+    (parent,) = client.search_runs([exp_id], "")
+    from kernel_factory.evo.prior import read_table
+    raw = read_table(client, parent.info.run_id, numbers=False)
+    assert raw["candidate"] == [c[n].id for n in "axp"]
+    assert all(re.fullmatch(r"\d+\.\d{4}", f) for f in raw["fitness"] + raw["speedup bfloat16:32768x256"])

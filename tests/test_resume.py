@@ -43,7 +43,7 @@ def final_state(folder: Path, run_id: str) -> dict:
             "probs": [gens[g]["operator_probs"] for g in sorted(gens)]}
 
 
-def mlflow_state(folder: Path, run_id: str) -> tuple[int, list[str]]:
+def mlflow_state(folder: Path, run_id: str) -> tuple[int, list[str], list[str]]:
     from mlflow.tracking import MlflowClient
     client = MlflowClient(f"sqlite:///{folder / 'runs' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rmsnorm_fwd")
@@ -52,7 +52,9 @@ def mlflow_state(folder: Path, run_id: str) -> tuple[int, list[str]]:
     kids = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",
                               max_results=2000)
     assert all(k.info.status == "FINISHED" for k in kids)
-    return len(parents), [k.data.tags["kf.candidate_id"] for k in kids]
+    from kernel_factory.evo.prior import read_table
+    table = read_table(client, parents[0].info.run_id)["candidate"]   # written whole, from the resumed table on
+    return len(parents), [k.data.tags["kf.candidate_id"] for k in kids], table
 
 
 def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, synthetic_recording):
@@ -89,8 +91,8 @@ def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, synthetic_reco
     assert len(got["results"]) == len(set(got["results"])), "a candidate was evaluated twice"
     assert len(got["refused"]) == len(set(got["refused"])), "a refusal was journaled twice"
     assert got == want
-    n_parents, kids = mlflow_state(killed_dir, run_id)
-    assert n_parents == 1
+    n_parents, kids, table = mlflow_state(killed_dir, run_id)
+    assert n_parents == 1 and sorted(table) == sorted(kids), "the candidate table must hold each candidate once"
     # MLflow holds every candidate, the rule's refusals included (journaled as events of their own)
     assert sorted(kids) == sorted(want["results"] + want["refused"]), "MLflow must hold each journaled candidate exactly once"
     records = journal.records(killed_dir / "runs" / run_id / "journal.jsonl")
@@ -139,6 +141,6 @@ def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recor
     assert len(results) == len(set(results)), "a candidate was evaluated twice"
     assert refused and len(refused) == len(set(refused)), "a refusal was journaled twice"
     assert records[-1]["event"] == "end" and records[-1]["stop_reason"] != "interrupted"
-    n_parents, kids = mlflow_state(tmp_path, run_id)
-    assert n_parents == 1
+    n_parents, kids, table = mlflow_state(tmp_path, run_id)
+    assert n_parents == 1 and sorted(table) == sorted(kids), "the candidate table must hold each candidate once"
     assert sorted(kids) == sorted(results + refused), "MLflow must hold each journaled candidate exactly once"

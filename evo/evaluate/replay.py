@@ -149,6 +149,8 @@ class ReplayEvaluator:
         if hit is None:
             return self._unanswered(cid, "this genome is not in the recording (an out-of-space genome)")
         _, rec = hit
+        # The recording's compile facts, marked as a compile this run did not do (accounting counts none of it).
+        rec = dataclasses.replace(rec, build={dt: dataclasses.replace(b, cached=True) for dt, b in rec.build.items()})
         if rec.status is not Status.OK:
             outside = self.rec.outside_rule.get(genome_id)
             note = f"outside the problem's rule ({outside}); compiled on the CPU for the recording: " if outside else ""

@@ -1,6 +1,7 @@
-"""MLflow tracking of evolutionary runs (a parent run per run, a child run per candidate), written from a background
-thread so that the loop never waits on SQLite. The store's plumbing (where, limits, the writer, the UI) is
-mlflow_store.py beside it."""
+"""MLflow tracking of evolutionary runs (a parent run per run with its candidate table, and a child run per candidate
+with tracking.child_runs), written from a background thread so that the loop never waits on SQLite. Beside it:
+mlflow_store.py, the store's plumbing (where, limits, the writer, the UI); mlflow_numbers.py, the numbers it logs;
+mlflow_view.py, what the UI shows of them."""
 from __future__ import annotations
 
 import functools
@@ -12,13 +13,15 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from . import lineage, lineage_image, mlflow_view as view
+from .mlflow_numbers import accounting_metrics, candidate_metrics, source_tags, summary_record
 from .mlflow_store import (Metric, MlflowClient, Param, RunTag, TrackingError, Writer, batches, experiment_id,
-                           flatten, metrics_of, open_tracking, params_of, prepare_ui, safe_key, tags_of, tracking_uri)
+                           flatten, log_table_file, metrics_of, open_tracking, params_of, prepare_ui, tags_of,
+                           tracking_uri)
 from .provenance import git_tags
 from ..config import RunConfig
 from ..evaluate import render
 from ..prior import read_table, search_all
-from ..protocols import EvaluatorInfo, GenerationStats, Problem, RunInfo, RunSummary
+from ..protocols import GenerationStats, Problem, RunInfo, RunSummary
 from ..types import Candidate, EvalResult, Status
 
 # Generations between lineage drawings on the parent run (lineage/), and one more at the end.
@@ -33,20 +36,6 @@ def llm_usage(candidate: Candidate) -> dict[str, Any]:
     """The LLM call behind a candidate ({} for the others): {agent, model, prompt_tokens, ...}."""
     text = candidate.notes.get(LLM_USAGE_NOTE)
     return json.loads(text) if text else {}
-
-
-def candidate_metrics(generation: int, result: EvalResult) -> dict[str, float]:
-    """Everything numeric about one evaluation: fitness, per-case times and bandwidth, ptxas facts per dtype."""
-    values: dict[str, float] = {"fitness": result.fitness, "generation": generation, "gpu_s": result.gpu_s}
-    per_case = {"time_us": result.times_us, "iqr_us": result.iqr_us, "baseline_us": result.baseline_us,
-                "gbps": result.gbps}
-    for prefix, by_case in per_case.items():
-        values.update({f"{prefix}.{safe_key(case)}": v for case, v in by_case.items()})
-    for dtype, info in result.build.items():
-        facts = {"registers": info.registers, "spill_stores": info.spill_stores, "shared_bytes": info.shared_bytes,
-                 "compile_s": info.compile_s}
-        values.update({f"{fact}.{safe_key(dtype)}": v for fact, v in facts.items() if v is not None})
-    return values
 
 
 class MlflowObserver:
@@ -72,6 +61,7 @@ class MlflowObserver:
         self.parent_id = ""
         self.seen: list[tuple[Candidate, EvalResult]] = []   # every result so far, for the lineage
         self.logged: set[str] = set()     # on resume: candidates whose child runs are complete already
+        self.table: dict[str, list] = {}  # the candidate table so far, {column: cells}, written whole each time
         self.last_generation = -1         # on resume: the last generation whose metrics are logged
         # LLM calls' figures, this generation's and the run's (added up on the loop's thread).
         self.llm_generation = dict.fromkeys(LLM_FIGURES, 0.0)
@@ -202,7 +192,8 @@ class MlflowObserver:
                 self.logged.add(child.data.tags.get("kf.candidate_id", ""))
             else:
                 self.client.delete_run(child.info.run_id)
-        self.logged |= set(read_table(self.client, self.parent_id).get("candidate", []))
+        self.table = read_table(self.client, self.parent_id, numbers=False)
+        self.logged |= set(self.table.get("candidate", []))
         history = self.client.get_metric_history(self.parent_id, "best_fitness")
         self.last_generation = max((m.step for m in history), default=-1)
         return True
@@ -231,8 +222,8 @@ class MlflowObserver:
         try:
             params = {f"gene.{name}": str(value) for name, value in candidate.genome.genes}
             params["patch"] = ",".join(name for name, _ in candidate.genome.patch) or "none"
-            values = candidate_metrics(generation, result) | {f"llm.{k}": usage[k] for k in LLM_FIGURES if usage}
-            values = {k: v for k, v in values.items() if v or k in ("fitness", "generation")}
+            values = candidate_metrics(generation, result, self.run.evaluator.kind == "replay")
+            values |= {f"llm.{k}": usage[k] for k in LLM_FIGURES if usage and usage[k]}
             self._log_batch(run_id, metrics_of(values, 0), params_of(params))
             for name, text in self._candidate_files(candidate, result):
                 self.client.log_text(run_id, text, name)
@@ -273,14 +264,19 @@ class MlflowObserver:
         return {k: v for k, v in values.items() if k in self.nonzero}
 
     def _log_table(self, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
-        """This generation's new candidates appended to the parent's candidates.json (MLflow's log_table)."""
+        """This generation's new candidates added to the parent's candidates.json."""
         new = [(c, r) for c, r in results if c.id not in self.logged]
         if not new:
             return
         graph = lineage.build(results, self.run.run_id)
         copy = float(self.run.evaluator.fingerprint.get("copy_gbps", 0) or 0)
-        rows = view.candidate_table(new, graph, copy, [c.key for c in self.run.cases])
-        self.client.log_table(self.parent_id, rows, view.TABLE)
+        rows = view.candidate_table(new, graph, copy, [c.key for c in self.run.cases],
+                                    self.run.evaluator.kind == "replay")
+        before = len(next(iter(self.table.values()), []))
+        # A resumed run's table, written by an older version, may lack a column or hold another: empty cells there.
+        for name in [*self.table, *(k for k in rows if k not in self.table)]:
+            self.table.setdefault(name, [""] * before).extend(rows.get(name, [""] * len(new)))
+        log_table_file(self.client, self.parent_id, view.table_file(self.table), view.TABLE)
         self.logged |= {c.id for c, _ in new}
 
     def _log_lineage(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> None:
@@ -301,13 +297,15 @@ class MlflowObserver:
         best, replay = summary.best, self.run.evaluator.kind == "replay"
         failures = dict(Counter(r.status.value for _, r in self.seen if r.status.failed))
         recorded = "recorded_" if replay else ""   # a replay's GPU time was spent when the recording was made
-        values = {"final_best_fitness": best[1].fitness if best else 0.0, "evaluations_total": summary.evaluations,
-                  "failures_total": sum(failures.values()), "wall_s_total": summary.wall_s,
-                  f"{recorded}gpu_s_total": summary.gpu_s,
+        # Rounded as the run's name and description show them: the runs table's 100-pixel columns cut the rest.
+        values = {"evaluations_total": summary.evaluations, "failures_total": sum(failures.values()),
+                  "wall_s_total": round(summary.wall_s, 3), f"{recorded}gpu_s_total": round(summary.gpu_s, 3),
                   f"{recorded}timed_per_gpu_minute": summary.timed_per_gpu_minute, **llm}
-        values = {k: v for k, v in values.items() if v or k in ("final_best_fitness", "failures_total")}
+        if best and best[1].status is Status.OK:   # no measured candidate: no best fitness (not a 0)
+            values["final_best_fitness"] = round(best[1].fitness, 4)
+        values = {k: v for k, v in values.items() if v or k == "failures_total"}
         values |= {f"finalist_speedup.{f['candidate_id']}": f["speedup"] for f in summary.finalists if "speedup" in f}
-        values |= accounting_metrics(summary.accounting)
+        values |= accounting_metrics(summary.accounting, [r for _, r in self.seen], replay)
         tags = {"kf.stop_reason": summary.stop_reason, "kf.best_candidate_id": best[0].id if best else "none"}
         graph = self._graph(self.seen, best[0].id if best else None)
         tags[view.NOTE_TAG] = self._description(graph, failures)
@@ -342,47 +340,3 @@ class MlflowObserver:
                 for name, text in self._candidate_files(cand, res):
                     if name.startswith(("kernel-", "ptxas-")):
                         self.client.log_text(self.parent_id, text, f"kernels/{node}/{name}")
-
-
-def accounting_metrics(books: Mapping[str, Any]) -> dict[str, float]:
-    """The scalar part of the run's accounting (accounting.py) as metrics; the rest is in summary.json."""
-    if not books:
-        return {}
-    out = {f"gpu_s.{safe_key(name)}": s for name, s in books["gpu_s_per_worker"].items()}
-    out |= {"compile_s_host": books["compile_s_host"], "queue_depth_mean": books["queue_depth"]["mean"],
-            "queue_depth_max": books["queue_depth"]["max"], "workers": books["workers"],
-            "worker_respawns": books["respawns"], "llm_tokens_prompt": books["llm_tokens"]["prompt"],
-            "llm_tokens_completion": books["llm_tokens"]["completion"],
-            "timed_per_held_gpu_minute": books["timed_per_held_gpu_minute"]}
-    return {k: float(v) for k, v in out.items()}
-
-
-def source_tags(evaluator: EvaluatorInfo) -> dict[str, str]:
-    """Where a run's numbers come from: the evaluator kind and the host that ran it on every run; a live run's
-    machine as kf.env.*, and a replay's recording as kf.recording with the recording machine's fingerprint as
-    kf.recorded.* (so that nothing names the recording's GPU as this run's environment)."""
-    fp = dict(evaluator.fingerprint)
-    tags = {"kf.evaluator": evaluator.kind, "kf.host": fp.pop("ran_on_host", "")}
-    if evaluator.kind != "replay":
-        return tags | {f"kf.env.{key}": value for key, value in fp.items()}
-    env = {k: fp.pop(k) for k in ("why_replay",) if k in fp}
-    return (tags | {f"kf.env.{k}": v for k, v in env.items()} | {f"kf.recorded.{k}": v for k, v in fp.items()}
-            | {"kf.recording": fp.get("recording", ""), "kf.data": evaluator.replay_note()})
-
-
-def summary_record(summary: RunSummary, evaluator: EvaluatorInfo | None = None) -> dict[str, Any]:
-    """summary.json: how the run ended, the best candidate with its genes and per-case times, the hall of fame.
-    A replay's times and GPU-seconds are the recording's: they are named recorded_* and the record says so."""
-    rec = "recorded_" if evaluator is not None and evaluator.kind == "replay" else ""
-    best = None
-    if summary.best is not None:
-        candidate, result = summary.best
-        best = {"candidate_id": candidate.id, "fitness": result.fitness, "genes": candidate.genome.gene_dict,
-                "patch": candidate.genome.patch_dict, f"{rec}times_us": dict(result.times_us),
-                f"{rec}baseline_us": dict(result.baseline_us), f"{rec}gbps": dict(result.gbps)}
-    head = {"evaluator": evaluator.kind, "data": evaluator.replay_note() or "measured live"} if evaluator else {}
-    return {"run_id": summary.run_id, **head, "generations": summary.generations, "evaluations": summary.evaluations,
-            "stop_reason": summary.stop_reason, "wall_s": summary.wall_s, f"{rec}gpu_s": summary.gpu_s, "best": best,
-            "hall_of_fame": [{"candidate_id": c.id, "fitness": r.fitness} for c, r in summary.hall_of_fame],
-            f"{rec}timed_per_gpu_minute": summary.timed_per_gpu_minute, "finalists": list(summary.finalists),
-            "accounting": dict(summary.accounting)}

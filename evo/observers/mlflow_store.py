@@ -18,14 +18,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from . import mlflow_view as view
 from ..config import ConfigError
 from ..prior import open_store   # before mlflow: prior sets MLflow's environment defaults
-
-# MLflow reads this when it loads; a user's own setting wins.
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # log_table downloads; no bar in our console
-
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
-from mlflow.exceptions import MlflowException  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
 # A new store logs "Creating initial MLflow database tables..." at INFO from the writer thread, which would land in
 # the middle of the console observer's progress line; and every failed write logs its SQL and a traceback at ERROR
@@ -168,6 +163,16 @@ class Writer:
             finally:
                 self.jobs.task_done()
         self.jobs.task_done()
+
+
+def log_table_file(client: MlflowClient, run_id: str, text: str, path: str) -> None:
+    """Write a table file (mlflow_view.table_file) whole, marked as a table as log_table marks its own (the tag
+    mlflow.loggedArtifacts), so that the artifact viewer shows it as a table and the Evaluation view compares it."""
+    client.log_text(run_id, text, path)
+    tags = client.get_run(run_id).data.tags
+    logged = json.loads(tags.get("mlflow.loggedArtifacts", "[]"))
+    if {"path": path, "type": "table"} not in logged:
+        client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [{"path": path, "type": "table"}]))
 
 
 def prepare_ui(client: MlflowClient, experiment_id: str, problem: str) -> None:

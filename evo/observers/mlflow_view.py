@@ -3,6 +3,7 @@ the start link opens (parent runs, the columns that matter), the candidate table
 No mlflow import: mlflow.py writes these, and a user comparing runs reads them."""
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from typing import Any, Mapping, Sequence
@@ -11,7 +12,7 @@ from urllib.parse import urlencode
 import networkx as nx
 
 from . import lineage
-from ..types import Candidate, EvalResult
+from ..types import Candidate, EvalResult, Status
 
 # MLflow 3.17's UI: an experiment tag `mlflow.sharedViewState.<key>` holds a runs-table view (filter, order,
 # columns) that the URL parameter viewStateShareKey opens; `mlflow.experimentKind` picks the training-runs view
@@ -25,10 +26,12 @@ TABLE = "candidates.json"
 # Distinct at a glance and for colour-blind readers (Okabe-Ito first, then Tableau's darker hues).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442", "#000000",
            "#8c564b", "#7f7f7f", "#bcbd22", "#17becf")
+# The runs table's columns beyond name, start and duration, 100 pixels each: seven fit a 1500-pixel window beside
+# MLflow's side bar (columns past the window's edge are not drawn until scrolled to). A run has one of gpu_s_total
+# (live) and recorded_gpu_s_total (replay); the seed is in the run name, the best candidate in the description.
 COLUMNS = (("metrics", "final_best_fitness"), ("metrics", "evaluations_total"), ("metrics", "failures_total"),
            ("tags", "kf.evaluator"), ("tags", "kf.warm_start_runs"), ("tags", "kf.stop_reason"),
-           ("metrics", "gpu_s_total"), ("metrics", "recorded_gpu_s_total"), ("params", "seed"),
-           ("tags", "kf.best_candidate_id"))
+           ("metrics", "gpu_s_total"), ("metrics", "recorded_gpu_s_total"))
 
 
 def column_key(kind: str, name: str) -> str:
@@ -102,36 +105,67 @@ def why(result: EvalResult) -> str:
 
 
 def candidate_table(results: Sequence[tuple[Candidate, EvalResult]], graph: nx.DiGraph, copy_gbps: float,
-                    cases: Sequence[str]) -> dict[str, list]:
+                    cases: Sequence[str], replay: bool = False) -> dict[str, list]:
     """One row per candidate: genes, operator, parents, status, fitness, gene diff and fitness change against its
-    fittest parent, speedup per case and percent of copy bandwidth (median over cases)."""
+    fittest parent, speedup per case and percent of copy bandwidth (median over cases). Only a measured candidate
+    (status ok) has a fitness, and a fitness change only against a measured parent: a failure's 0 is the search's
+    verdict, not a number it measured. A replay's GPU seconds are the recording's: recorded_gpu_s."""
+    gpu_s = "recorded_gpu_s" if replay else "gpu_s"
+    # What a user sorts by and reads first: the viewer shows about six columns at a time (scroll for the rest).
     columns: dict[str, list] = {name: [] for name in (
-        "candidate", "generation", "operator", "parents", "status", "fitness", "fitness_change", "gene_diff",
-        "copy_bw_pct", "why", "genes", "patch", "gpu_s")}
+        "candidate", "status", "fitness", "fitness_change", "gene_diff", "operator", "generation", "parents", "why",
+        "copy_bw_pct", "genes", "patch", gpu_s)}
     columns |= {f"speedup {case}": [] for case in cases}
     for cand, res in results:
         step = lineage.against_parent(graph, cand.id)
+        measured = res.status is Status.OK
+        against = measured and step.parent is not None and graph.nodes[step.parent]["status"] == Status.OK.value
         row = {"candidate": cand.id, "generation": cand.generation, "operator": cand.operator,
-               "parents": ",".join(cand.parents), "status": res.status.value, "fitness": round(res.fitness, 4),
-               "fitness_change": None if step.fitness_change is None else round(step.fitness_change, 4),
+               "parents": ",".join(cand.parents), "status": res.status.value,
+               "fitness": cell(res.fitness if measured else None),
+               "fitness_change": cell(step.fitness_change if against else None),
                "gene_diff": "; ".join(f"{g}: {a} -> {b}" for g, (a, b) in step.gene_diff.items()),
-               "copy_bw_pct": _copy_pct(res, copy_gbps), "why": "" if res.status.value == "ok" else why(res),
+               "copy_bw_pct": cell(_copy_pct(res, copy_gbps), 1), "why": "" if measured else why(res),
                "genes": " ".join(f"{k}={v}" for k, v in cand.genome.genes),
-               "patch": ",".join(name for name, _ in cand.genome.patch) or "none", "gpu_s": round(res.gpu_s, 4)}
-        row |= {f"speedup {case}": _speedup(res, case) for case in cases}
+               "patch": ",".join(name for name, _ in cand.genome.patch) or "none", gpu_s: cell(res.gpu_s or None)}
+        row |= {f"speedup {case}": cell(_speedup(res, case)) for case in cases}
         for name, value in row.items():
             columns[name].append(value)
     return columns
 
 
+def cell(value: float | None, places: int = 4) -> str:
+    """A number as the table's text: fixed decimals, '' for none. MLflow's table viewer shows every cell as text and
+    sorts text with runs of digits compared as integers, so "1.105" would sort as less than "1.0234" (105 < 234); with
+    the same number of decimals in every row its order is the numeric one (for values >= 0)."""
+    return "" if value is None else f"{value:.{places}f}"
+
+
+def table_file(table: Mapping[str, list]) -> str:
+    """The candidate table ({column: values}) as the file MLflow's table viewer reads: pandas' "split" layout,
+    written whole by us rather than appended by MLflow's log_table, whose round trip through pandas turns "1.1030"
+    back into 1.103 in the rows it re-reads (and downloads the table again every generation)."""
+    return json.dumps({"columns": list(table), "data": [list(row) for row in zip(*table.values())]})
+
+
+def table_numbers(table: Mapping[str, list]) -> dict[str, list]:
+    """A candidate table read back ({column: values}) with its number columns as floats (None for an empty cell);
+    tables logged before the numbers became text hold floats already."""
+    def number(v: Any) -> float | None:
+        return None if v is None or v == "" else float(v)
+    numeric = {"fitness", "fitness_change", "copy_bw_pct", "gpu_s", "recorded_gpu_s"}
+    return {name: [number(v) for v in values] if name in numeric or name.startswith("speedup ") else list(values)
+            for name, values in table.items()}
+
+
 def _speedup(result: EvalResult, case: str) -> float | None:
     t, base = result.times_us.get(case), result.baseline_us.get(case)
-    return round(base / t, 4) if t and base else None
+    return base / t if t and base else None
 
 
 def _copy_pct(result: EvalResult, copy_gbps: float) -> float | None:
     values = sorted(100 * v / copy_gbps for v in result.gbps.values() if v and math.isfinite(v)) if copy_gbps else []
-    return round(values[len(values) // 2], 1) if values else None
+    return values[len(values) // 2] if values else None
 
 
 def failures_md(results: Sequence[tuple[Candidate, EvalResult]]) -> str:

@@ -308,10 +308,11 @@ def cmd_genes(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from ..observers.mlflow_store import UI_ENV, ui_command, ui_links
+    from .ui import check_port, serve
+    check_port(args.host, args.port)   # first: a bad or taken port is the only line, with no link to it
     if not Path(args.store).is_file():
         raise ConfigError(f"no run store at {args.store!r}: run `kernel-factory run CONFIG` first, or pass --store")
-    from .ui import serve
+    from ..observers.mlflow_store import UI_ENV, ui_command, ui_links
     argv = ui_command(args.store, args.artifacts, host=args.host, port=args.port)
     print(f"store {args.store}", file=sys.stderr)
     for name, link in ui_links(args.store, f"http://{args.host}:{args.port}"):   # the runs, ready to compare
@@ -355,8 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kernel-factory: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
-        print("kernel-factory: interrupted; everything measured so far is in the run's journal and MLflow "
-              "(`kernel-factory resume RUN_ID` continues a run)", file=sys.stderr)
+        if args.command != "ui":   # stopping the UI is how it ends (serve says so); there is no run to resume
+            print("kernel-factory: interrupted; everything measured so far is in the run's journal and MLflow "
+                  "(`kernel-factory resume RUN_ID` continues a run)", file=sys.stderr)
         return interrupt_code(exc)
     except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
