@@ -170,10 +170,10 @@ def test_the_issues_doctored_readme_lines_fail():
 def test_a_claim_that_cites_nothing_holds_no_number():
     ratio = f"{random.uniform(1.1, 1.9):.3f}"
     for line in [f"The kernel is {ratio}x faster.", f"It took {random.randint(12, 99)} evaluations.",
-                 f"See [the guide](docs/workload.md): {ratio} of the peer."]:
+                 f"See [the guide](docs/workload.md): {ratio} of the peer.", f"## {ratio}x faster"]:
         assert claims.check_text(line + "\n", ROOT, ROOT) != [], line
     for line in [f"The quickstart is `{random.randint(2, 9)}` generations.", "Recorded on 2026-12-01 with QuACK 0.6.5.",
-                 "It runs on H200 GPUs in bf16.", "```\nkernel-factory run --seeds 20\n```"]:
+                 "It runs on H200 GPUs in bf16.", "```\nkernel-factory run --seeds 20\n```", "## 3. Buckets"]:
         assert claims.check_text(line + "\n", ROOT, ROOT) == [], line
 
 

@@ -11,7 +11,8 @@ The rule (docs/results/README.md says it for writers):
   or as the line's number rounded to the digits written (0.970 matches 0.9704, not 0.97). Signs are ignored.
 - A claim that cites nothing holds no number.
 - Not numbers, on a page and in a raw file alike: code spans and URLs (on a page), digits inside words (bf16, H200,
-  sm_90a), dotted versions (0.6.5) and dates (2026-12-02). Headings and fenced code are not read.
+  sm_90a), dotted versions (0.6.5) and dates (2026-12-02). Fenced code is not read; a heading is a block of its
+  own, whose section number ("## 3. ") is not a number.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ _NUMBER = re.compile(r"(?:(?<![\w.])|(?<=\dx))(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)(?
 _LIST_ITEM = re.compile(r"^[ \t]*(?:[-*+]|\d+[.)])[ \t]+", re.M)
 _SENTENCE_END = re.compile(r"[.!?](?=\s)")
 _LINES = re.compile(r"L(\d+)(?:-L(\d+))?$")
+_HEADING = re.compile(r"^ {0,3}#{1,6}(?:\s+\d+(?:\.\d+)*\.)?(?:\s+|$)")
 
 
 def numbers(text: str) -> list[str]:
@@ -40,15 +42,19 @@ def numbers(text: str) -> list[str]:
 
 
 def blocks(text: str) -> list[tuple[int, str]]:
-    """(first line number, text) of each block between blank lines, headings and fenced code."""
+    """(first line number, text) of each block between blank lines and fenced code; a heading is a block of its
+    own, its marks and section number ("## 3. ") blanked."""
     out, current, start, fenced = [], [], 0, False
     for i, line in enumerate(text.splitlines(), 1):
         fence = line.lstrip().startswith("```")
         fenced ^= fence
-        if fence or fenced or not line.strip() or line.lstrip().startswith("#"):
+        heading = _HEADING.match(line) if not fenced else None
+        if fence or fenced or not line.strip() or heading:
             if current:
                 out.append((start, "\n".join(current)))
             current = []
+            if heading:
+                out.append((i, " " * heading.end() + line[heading.end():]))
             continue
         if not current:
             start = i

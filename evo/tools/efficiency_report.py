@@ -140,12 +140,14 @@ def notes(data: Mapping[str, Any]) -> list[str]:
 def markdown(data: Mapping[str, Any]) -> str:
     if data.get("format") != FORMAT:
         raise ValueError(f"not a search-efficiency result (format {data.get('format')!r}, expected {FORMAT!r})")
+    changed = "".join(f" except {key} {value} (set for this report)" for key, value in data["overrides"].items())
     held = ("**This is that recording: the loop's rows are in-sample, not a held-out measure.**"
             if data["in_sample"] else "This recording was not used to tune them (held out).")
     lines = [f"# Search efficiency: {data['problem']} ({data['dtype']}) on recorded {data['device']} measurements", "",
              f"- Problem `{data['problem']}`, dtype `{data['dtype']}`. Recording `{data['recording']}` (sha256 "
              f"`{data['sha256']}`): {data['label']}. Replayed: no kernel ran.",
-             f"- Search settings: the defaults of `evo/config.py`, tuned on the {data['tuned_on']} recording. {held}",
+             f"- Search settings: the defaults of `evo/config.py`{changed}, tuned on the {data['tuned_on']} "
+             f"recording. {held}",
              f"- Target: fitness >= {data['target_fraction']} x the space's optimum {data['optimum']:.4f}, i.e. >= "
              f"{data['target']:.4f} ({data['hits']} of {data['genomes']} genomes).",
              f"- Measure: distinct genomes evaluated until the first hit is evaluated; budget {data['budget']} per "

@@ -136,10 +136,9 @@ def section_faults() -> list[str]:
                                             f"{data['restarts']} times") + "."]
 
 
-# The search-efficiency reports (efficiency/<stem>.json and the .md rendered from it), and the rows the page copies.
+# The search-efficiency reports (efficiency/<stem>.json and the .md rendered from it), whose tables the page copies.
 EFFICIENCY = (("softmax forward", "search-efficiency-softmax-heldout"), ("RMSNorm forward", "search-efficiency"),
               ("RMSNorm forward, the loop at population 24", "search-efficiency-population24"))
-EFFICIENCY_ROWS = ("random", "loop-defaults", "loop-full + earlier run", "kt-ga")
 
 
 def section_efficiency() -> list[str]:
@@ -154,12 +153,10 @@ def section_efficiency() -> list[str]:
         text = Path(md).read_text().splitlines()
         head = line_of(md, "| method |")
         table = list(itertools.takewhile(str.strip, text[head - 1:]))
-        rows = [line for line in table[2:] if line.split(" | ")[0][2:] in EFFICIENCY_ROWS]
         tuned = "the search settings were tuned on it (in-sample)" if data["in_sample"] else \
             "the search settings were not tuned on it (held out)"
         lines += [f"**{label}** ({data['dtype']}), recording `{data['recording']}`: {tuned}. "
-                  f"{link(md, (head, head + len(table) - 1))}, command: `{data['command']}`.", "", *table[:2], *rows,
-                  ""]
+                  f"{link(md, (head, head + len(table) - 1))}, command: `{data['command']}`.", "", *table, ""]
     return lines[:-1]
 
 
