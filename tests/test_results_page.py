@@ -229,7 +229,7 @@ MUTATE = {
 
 
 def _kind(r: rerender.Rendered) -> str:
-    for kind in ("heldout", "percall", "scaling", "faults", "efficiency", "bench"):
+    for kind in ("efficiency", "heldout", "percall", "scaling", "faults", "bench"):   # efficiency names hold "heldout"
         if kind in r.raw[0]:
             return kind
     return "gap" if "gap" in r.path else "page"

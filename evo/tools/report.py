@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from . import bench_report, bench_suite, faults, gap
 
@@ -78,10 +80,23 @@ def line_of(path: str, start: str, after: int = 0) -> int:
     raise ValueError(f"{path}: no line starting {start!r} after line {after}: regenerate it with its command")
 
 
+def gap_analysis() -> dict[str, Any]:
+    """The gap analysis of TARGETS, made once per process while the files it reads stay as they are (it reads every
+    run journal: seconds). Callers read it and never change it."""
+    files = [Path(TARGETS), *sorted(Path(RESULTS).glob("**/*.json")), *sorted(Path(RESULTS).glob("journals/**/*"))]
+    return _gap_analysis((os.getcwd(), *((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files
+                                         if p.is_file())))
+
+
+@lru_cache(maxsize=4)
+def _gap_analysis(files: tuple) -> dict[str, Any]:
+    return gap.analyse(gap.load_targets(TARGETS))
+
+
 def targets_table(from_root: bool = False) -> list[str]:
     """Each target against its side-by-side bench: the gap report's summary rows, each linking the row it copies.
     The README copies this table (from_root=True; a test keeps the copy true)."""
-    analysis = gap.analyse(gap.load_targets(TARGETS))
+    analysis = gap_analysis()
     rows = []
     for rep in analysis["reports"]:
         at = line_of(GAP + ".md", f"| {rep['name']} (")
