@@ -26,8 +26,9 @@ class OperatorConfig:
 
 @dataclass(frozen=True)
 class SurrogateConfig:
-    # Off by default: it did not beat the loop without it at the default population (search-efficiency benchmark,
-    # docs/results/efficiency/search-efficiency.md); it did at population 24.
+    # Off by default: at the default population the default loop without it (loop-defaults) needed no more
+    # evaluations than surrogate screening alone (search-efficiency benchmark, in-sample:
+    # docs/results/efficiency/search-efficiency.md; docs/learning.md quotes the medians).
     enabled: bool = False
     oversample: float = 4.0        # children proposed per child sent to the evaluator
     explore: float = 0.25          # share of each batch drawn at random from the proposals, not by rank

@@ -114,8 +114,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="compute 'vs best peer' from benches that lack these peers (every report says so)")
     rep = sub.add_parser("report", help="write the results page from the committed raw results (no GPU)")
     rep.add_argument("--out", default="docs/results.md", help="the page to write (default docs/results.md)")
-    rep.add_argument("--check", action="store_true", help="write nothing; exit 1 if --out differs from the page, or "
-                     "if a number on README.md or docs/*.md is not in the raw file it cites")
+    rep.add_argument("--check", action="store_true", help="write nothing; exit 1 if --out differs from the page, "
+                     "if a committed report no longer renders from its raw file, or if a number on README.md or "
+                     "docs/*.md does not stand on the raw line it cites")
     flt = sub.add_parser("faults", help="run the evaluator's fault suite on this GPU and print its table")
     flt.add_argument("--out", help="also write the table as JSON here")
     gen = sub.add_parser("genes", help="write each template's genes header (gene macros and defaults) from its "
@@ -283,12 +284,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not Path(report.TARGETS).is_file():   # the page's paths are the repository's
         raise ConfigError(f"no {report.TARGETS} here: run `kernel-factory report` from the repository root")
     if args.check:
-        from . import claims
+        from . import claims, rerender
         same = Path(args.out).is_file() and Path(args.out).read_text() == report.page()
         print(f"{args.out} is {'up to date' if same else 'stale: run kernel-factory report'}", file=sys.stderr)
+        stale = rerender.stale(skip=(report.OUT,))   # the page itself: compared above
+        print("\n".join(stale) or "every report renders from its raw file", file=sys.stderr)
         problems = [p for page in ["README.md", *sorted(Path("docs").glob("*.md"))] for p in claims.check(page)]
         print("\n".join(problems) or "every number cited holds", file=sys.stderr)
-        return 0 if same and not problems else 1
+        return 0 if same and not stale and not problems else 1
     print(f"written: {report.write(args.out)}", file=sys.stderr)
     return 0
 

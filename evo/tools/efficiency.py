@@ -1,17 +1,20 @@
 """The search-efficiency benchmark: evaluations until a genome within 1% of the optimum, for random search, our
-loop and Kernel Tuner's GA, on a recorded space (`python -m kernel_factory.evo.tools.efficiency --help`).
+loop and Kernel Tuner's GA, on one recorded space named on the command line
+(`python -m kernel_factory.evo.tools.efficiency --problem P --dtype D --recording FILE --out REPORT.md`).
 
-The loop's search defaults (evo/config.py) were tuned on the RMSNorm forward bf16 recording (TUNED_ON), so a table
-on that recording flatters the loop; the default report is on another problem's recording, and every report
-says which recording it is and whether the settings were tuned on it."""
+It writes the raw result (REPORT.json: what each method did on each seed) and the report rendered from it
+(efficiency_report.py); `--from REPORT.json` renders the report again without running anything. The loop's search
+defaults (evo/config.py) were tuned on the RMSNorm forward bf16 recording (TUNED_RECORDING), so a report on that
+recording flatters the loop: each report says whether its recording is that one (in-sample) or not (held out)."""
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import importlib.metadata
 import importlib.util
 import inspect
-import math
+import json
 import os
 import random
 import sys
@@ -30,14 +33,14 @@ from ..history import History, Record
 from ..protocols import GenerationStats, RunInfo, RunSummary
 from ..types import Candidate, EvalResult, Status
 from ..variation import Proposer
+from . import efficiency_report
 from .efficiency_kt import KT_GA_DEFAULTS, kt_space_size, kt_trial, write_kt_cache
 from .landscape import Landscape
 
-# The recording the search defaults were tuned on (population, tournament, weights: runs/evidence/
-# search-efficiency-population24.md and the sweeps before it): (problem, dtype).
+# The recording the search defaults were tuned on (population, tournament, weights: the sweeps in commit 6e20ce6's
+# runs/evidence/): a report on a file with its sha256 is in-sample.
 TUNED_ON = ("rmsnorm_fwd", "bfloat16")
-# The default report: another problem's recording, measured on the same H200, never used for tuning.
-REPORT_ON = ("softmax_fwd", "bfloat16")
+TUNED_RECORDING = Path(__file__).resolve().parents[2] / "problems" / "recorded" / "rmsnorm_fwd-bfloat16-h200.jsonl.gz"
 TARGET = 0.99                 # a hit: fitness >= 99% of the space's optimum
 PRIOR_EVALUATIONS = 96        # loop-full starts from one earlier run of this size ("the second run of a problem")
 PRIOR_SEED_OFFSET = 1000      # the earlier run's seed, so that it is not the same run
@@ -55,7 +58,6 @@ LOOP_VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
                    "warm_start": {"enabled": True}}, True),
 }
 METHODS = ("random", *LOOP_VARIANTS, "kt-ga")
-FULL_BOTH = "loop-full + earlier run"   # a table row: loop-full counted together with the run it starts from
 
 
 @dataclass(frozen=True)
@@ -64,20 +66,23 @@ class Trial:
 
     order: tuple[str, ...]
     prior: tuple[str, ...] = ()       # what the earlier run evaluated (loop-full only); not counted in `order`
+    ran: tuple[tuple[str, Any], ...] = ()   # how the method ran, where it reports that (Kernel Tuner's GA)
 
 
-Source = tuple   # (problem, dtype, recording path or None for the problem's bundled one): picklable, hashable
+# (problem, dtype, recording path, search settings every loop run takes, as sorted (key, value) pairs):
+# picklable and hashable, for the worker processes and their caches.
+Source = tuple
 
 
 @lru_cache(maxsize=2)
-def replay(source: Source = (*TUNED_ON, None)) -> tuple[build.Run, ReplayEvaluator]:
+def replay(source: Source) -> tuple[build.Run, ReplayEvaluator]:
     """One replay evaluator per process: it keeps no state between candidates, and reading the recording is slow."""
     run = build.prepare(run_config(source, 0, COLD, 1))
     return run, build.make_evaluator(run, "replay")
 
 
 @lru_cache(maxsize=2)
-def landscape(source: Source = (*TUNED_ON, None)) -> Landscape:
+def landscape(source: Source) -> Landscape:
     run, evaluator = replay(source)
     rec = evaluator.rec
     genomes = {gid: genome for gid, (genome, _) in rec.entries.items()}
@@ -126,10 +131,10 @@ class OrderObserver:
 
 def run_config(source: Source, seed: int, search: Mapping[str, Any], budget: int) -> config.RunConfig:
     # generations = budget never binds first: every generation evaluates at least one new genome
-    problem, dtype, path = source
+    problem, dtype, path, base = source
     return config.parse({"problem": problem, "dtypes": [dtype], "seed": seed, "observers": [],
-                         "evaluator": {"kind": "replay", "replay": {"recording": path} if path else {}},
-                         "search": {**search, "generations": budget, "max_evaluations": budget}})
+                         "evaluator": {"kind": "replay", "replay": {"recording": path}},
+                         "search": {**dict(base), **search, "generations": budget, "max_evaluations": budget}})
 
 
 # How the harness calls the loop, the way evo/run.py's execute() composes it; checked before anything runs.
@@ -160,7 +165,7 @@ def run_loop(source: Source, seed: int, search: Mapping[str, Any], budget: int,
     return observer.pairs
 
 
-def loop_trial(method: str, seed: int, budget: int, source: Source = (*TUNED_ON, None)) -> Trial:
+def loop_trial(method: str, seed: int, budget: int, source: Source) -> Trial:
     search, wants_prior = LOOP_VARIANTS[method]
     prior = run_loop(source, seed + PRIOR_SEED_OFFSET, COLD, PRIOR_EVALUATIONS) if wants_prior else []
     pairs = run_loop(source, seed, search, budget, prior)
@@ -171,12 +176,13 @@ def trial(method: str, seed: int, budget: int, cache_path: Path, source: Source)
     if method == "random":
         return random_trial(landscape(source), seed)
     if method == "kt-ga":
-        return Trial(kt_trial(landscape(source), cache_path, seed, budget))
+        order, ran = kt_trial(landscape(source), cache_path, seed, budget)
+        return Trial(order, ran=tuple(ran.items()))
     return loop_trial(method, seed, budget, source)
 
 
 def measure(methods: Sequence[str], seeds: Sequence[int], budget: int, cache_path: Path,
-            jobs: int, source: Source = (*TUNED_ON, None)) -> dict[str, list[Trial] | str]:
+            jobs: int, source: Source) -> dict[str, list[Trial] | str]:
     """Every method on every seed (in parallel processes; each trial is reproducible from its seed alone).
     A method the loop cannot run yet maps to the reason instead of its trials."""
     why = loop_unavailable()
@@ -191,126 +197,50 @@ def measure(methods: Sequence[str], seeds: Sequence[int], budget: int, cache_pat
     return {m: out[m] for m in methods}
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between order statistics; a miss (inf) censors every quantile that touches it."""
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return math.inf if math.isinf(xs[hi]) else xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def columns(results: Mapping[str, list[Trial] | str], land: Landscape,
-            budget: int) -> dict[str, tuple[list[float], list[int]]]:
-    """Per method, per seed: evaluations to target (inf: none within the budget) and evaluations spent. loop-full
-    is also counted with its earlier run, whose best genomes it starts from."""
-    out = {}
-    for method, trials in results.items():
-        if isinstance(trials, str):
-            continue
-        counts = [evaluations_to_target(t.order, land.fitness, land.target) for t in trials]
-        out[method] = ([math.inf if n is None or n > budget else float(n) for n in counts],
-                       [min(len(t.order), budget) for t in trials])
-        if method == "loop-full":
-            out[FULL_BOTH] = ([both_runs(t, land) for t in trials],
-                              [len(t.prior) + n for t, n in zip(trials, out[method][1])])
-    return out
+def seed_result(seed: int, t: Trial, land: Landscape, budget: int) -> dict[str, Any]:
+    """What one trial did, as the raw JSON keeps it: distinct evaluations to the first hit (None: no hit in the
+    ones it made), distinct evaluations made (at most the budget), and for loop-full the earlier run's too."""
+    spent = t.order[:budget]
+    out: dict[str, Any] = {"seed": seed, "hit": evaluations_to_target(spent, land.fitness, land.target),
+                           "spent": len(spent)}
+    if t.prior:
+        out |= {"prior_hit": evaluations_to_target(t.prior, land.fitness, land.target), "prior_spent": len(t.prior)}
+    return out | dict(t.ran)
 
 
-def both_runs(t: Trial, land: Landscape) -> float:
-    """Evaluations to target over the earlier run and then this one; inf when neither found a hit."""
-    first = evaluations_to_target(t.prior, land.fitness, land.target)
-    then = evaluations_to_target(t.order, land.fitness, land.target)
-    if first is not None:
-        return float(first)
-    return math.inf if then is None else float(len(t.prior) + then)
+def sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def fmt(x: float, budget: int) -> str:
-    return f"> {budget}" if math.isinf(x) else f"{x:.0f}" if x == int(x) else f"{x:.1f}"
-
-
-def ratio(a: float, b: float | None) -> str:
-    if b is None or math.isinf(a) or math.isinf(b):
-        return "n/a"
-    return f"{a / b:.{2 if a / b >= 0.1 else 3}f}x"
-
-
-def table(results: Mapping[str, list[Trial] | str], land: Landscape, budget: int) -> list[str]:
-    cols = columns(results, land, budget)
-    med = {m: quantile(h, 0.5) for m, (h, _) in cols.items()}
-    lines = ["| method | median evaluations to target | IQR | min to max | reached | median evaluations spent "
-             "| vs random | vs kt-ga |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {m} | {why} | | | | | | |" for m, why in results.items() if isinstance(why, str)]
-    for method, (h, spent) in cols.items():
-        lines.append(f"| {method} | {fmt(med[method], budget)} | {fmt(quantile(h, 0.25), budget)} to "
-                     f"{fmt(quantile(h, 0.75), budget)} | {fmt(min(h), budget)} to {fmt(max(h), budget)} | "
-                     f"{sum(map(math.isfinite, h))}/{len(h)} | "
-                     f"{quantile(spent, 0.5):.0f} | {ratio(med[method], med.get('random'))} | "
-                     f"{ratio(med[method], med.get('kt-ga'))} |")
-    lines += ["", "Per seed, evaluations to target (-: none within the budget):", "",
-              "| seed | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
-    for seed, row in enumerate(zip(*(h for h, _ in cols.values()))):
-        lines.append(f"| {seed} | " + " | ".join("-" if math.isinf(x) else f"{x:.0f}" for x in row) + " |")
-    return lines
-
-
-def notes(results: Mapping[str, list[Trial] | str], land: Landscape, budget: int) -> list[str]:
-    n, k = len(land.fitness), sum(f >= land.target for f in land.fitness.values())
+def summarize(results: Mapping[str, list[Trial] | str], land: Landscape, source: Source, budget: int,
+              seeds: Sequence[int], jobs: int, wall_s: float, command: str) -> dict[str, Any]:
+    """The raw result: everything the report says, and nothing it does not (efficiency_report renders it)."""
+    problem, dtype, recording, base = source
     ran = {m: t for m, t in results.items() if not isinstance(t, str)}
-    out = [f"- **random**: a seeded shuffle of the {n} feasible genomes, read in order; the expected evaluations "
-           f"to the first of {k} hits are (n+1)/(k+1) = {(n + 1) / (k + 1):.0f}."] if "random" in ran else []
-    if set(ran) & set(LOOP_VARIANTS):
-        out.append("- **loop-\\***: `evo.loop.evolve` composed as `evo/run.py` does (Proposer, History, warm-start "
-                   f"seeds), on the replay evaluator, with the search defaults of `evo/config.py` (population "
-                   f"{DEFAULTS.population}, tournament {DEFAULTS.tournament_size}, elitism {DEFAULTS.elitism}, "
-                   "operator weights 0.5/0.3/0.2) except generations = max_evaluations = budget. loop-defaults: "
-                   "those defaults as they are (no earlier run, so no warm start); loop-cold: policy static, lessons, "
-                   "surrogate and warm start off; loop-bandit: policy bandit only; loop-surrogate: surrogate only; "
-                   "loop-full: all four on, starting from the "
-                   f"{PRIOR_EVALUATIONS} results of one loop-cold run with seed + {PRIOR_SEED_OFFSET}, whose "
-                   "evaluations are not counted. Counted: every candidate the loop sent to the evaluator (failures "
-                   "included), in order.")
+    kt = None
     if "kt-ga" in ran:
         size, cached = kt_space_size(land)
-        out.append(f"- **kt-ga**: Kernel Tuner {importlib.metadata.version('kernel-tuner')}, `tune_kernel(..., "
-                   f"strategy='genetic_algorithm', strategy_options={{'max_fevals': {budget}}}, simulation_mode="
-                   f"True, cache=<export>)` with the GA's default options ({KT_GA_DEFAULTS}). Objective `time` = "
-                   f"1/fitness, minimised. Our feasibility rule is a KT restriction: KT's search space holds {size} "
-                   f"configurations, {cached} of them in the cache of {n} entries. Seeds: `random.seed(s)` and "
-                   "`numpy.random.seed(s)` before each call (KT draws from both). Counted: distinct configurations "
-                   "in the order KT returned results, which is what its simulation runner charges to max_fevals "
-                   "(a repeat served from the cache costs nothing). After maxiter = 90 generations the GA stops, "
-                   "usually well before the budget: see 'median evaluations spent'.")
-    if "loop-full" in ran:
-        found = sum(evaluations_to_target(t.prior, land.fitness, land.target) is not None for t in ran["loop-full"])
-        out.append(f"- **{FULL_BOTH}**: the earlier run had itself evaluated a hit in {found}/{len(ran['loop-full'])} "
-                   "seeds, and warm start puts it into loop-full's first population. This row counts the earlier "
-                   f"run's evaluations up to its hit, or all {PRIOR_EVALUATIONS} plus loop-full's when it found none.")
+        kt = {"version": importlib.metadata.version("kernel-tuner"), "options": KT_GA_DEFAULTS, "space": size,
+              "cached": cached}
     cold = [t.order for t in ran.get("loop-cold", [])]
-    out += [f"- {m} evaluated exactly what loop-cold did on every seed: its settings had no effect in this build."
-            for m in ran if m in LOOP_VARIANTS and m != "loop-cold" and [t.order for t in ran[m]] == cold]
-    return out
-
-
-def report(results: Mapping[str, list[Trial] | str], land: Landscape, budget: int, seeds: int, wall_s: float,
-           jobs: int, source: Source = (*TUNED_ON, None), command: str = "") -> str:
-    k = sum(f >= land.target for f in land.fitness.values())
-    tuned_here = tuple(source[:2]) == TUNED_ON and source[2] is None
-    lines = [f"# Search efficiency: {source[0]} ({source[1]}) on recorded {land.device} measurements", "",
-             f"- Data: {land.label}. Replayed: no kernel ran.",
-             f"- Search settings: the defaults of `evo/config.py`, tuned on the {TUNED_ON[0]} {TUNED_ON[1]} "
-             "recording. " + ("**This is that recording: the loop's rows are in-sample, not a held-out measure.**"
-                              if tuned_here else "This recording was not used to tune them (held out)."),
-             f"- Target: fitness >= {TARGET} x the space's optimum {land.optimum:.4f}, i.e. >= {land.target:.4f} "
-             f"({k} of {len(land.fitness)} genomes).",
-             f"- Measure: distinct genomes evaluated until the first hit is evaluated; budget {budget} per run; "
-             f"seeds 0-{seeds - 1}. A run with no hit within the budget counts as \"> {budget}\" (medians and "
-             "IQRs that reach such runs are censored).", "",
-             *table(results, land, budget), "", "How each method was run and counted:", "",
-             *notes(results, land, budget), "",
-             f"Made by `{command or 'python -m kernel_factory.evo.tools.efficiency'}` in {wall_s:.0f} s "
-             f"with {jobs} processes."]
-    return "\n".join(lines) + "\n"
+    weights = "/".join(f"{op.weight:g}" for op in DEFAULTS.operators.values())
+    return {"format": efficiency_report.FORMAT, "problem": problem, "dtype": dtype, "recording": recording,
+            "sha256": sha256(recording), "in_sample": TUNED_RECORDING.is_file() and
+            sha256(recording) == sha256(TUNED_RECORDING), "tuned_on": " ".join(TUNED_ON), "label": land.label,
+            "device": land.device, "genomes": len(land.fitness),
+            "hits": sum(f >= land.target for f in land.fitness.values()), "target_fraction": TARGET,
+            "optimum": land.optimum, "target": land.target,
+            "search": {"population": DEFAULTS.population, "tournament": DEFAULTS.tournament_size,
+                       "elitism": DEFAULTS.elitism, "weights": weights},
+            "overrides": dict(base), "prior": {"evaluations": PRIOR_EVALUATIONS, "seed_offset": PRIOR_SEED_OFFSET},
+            "budget": budget, "seeds": len(seeds), "jobs": jobs, "wall_s": round(wall_s, 1), "command": command,
+            "kt": kt, "methods": {m: t if isinstance(t, str) else
+                                  [seed_result(s, x, land, budget) for s, x in zip(seeds, t)]
+                                  for m, t in results.items()},
+            "same_as_cold": [m for m in ran if m in LOOP_VARIANTS and m != "loop-cold"
+                             and [t.order for t in ran[m]] == cold]}
 
 
 def default_out(source: Source, now: datetime.datetime) -> Path:
@@ -319,45 +249,81 @@ def default_out(source: Source, now: datetime.datetime) -> Path:
         "search-efficiency.md"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernel_factory.evo.tools.efficiency", description=__doc__)
-    parser.add_argument("--problem", default=REPORT_ON[0],
-                        help=f"problem whose recording to search (default {REPORT_ON[0]}: held out; the settings "
-                             f"were tuned on {TUNED_ON[0]})")
-    parser.add_argument("--dtype", default=REPORT_ON[1], help="the recording's dtype")
-    parser.add_argument("--recording", help="a recording file (default: the problem's bundled one)")
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m kernel_factory.evo.tools.efficiency", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problem", help="the problem whose recording to search, e.g. rmsnorm_fwd or softmax_fwd")
+    parser.add_argument("--dtype", help="the recording's dtype, e.g. bfloat16")
+    parser.add_argument("--recording", help="the recording file, e.g. problems/recorded/"
+                                            "rmsnorm_fwd-bfloat16-h200.jsonl.gz")
     parser.add_argument("--seeds", type=int, default=20, help="seeds 0..N-1 for every method")
-    parser.add_argument("--budget", type=int, default=1500, help="evaluations per run")
+    parser.add_argument("--budget", type=int, default=1500, help="distinct evaluations per run at most")
+    parser.add_argument("--population", type=int, help="the loop's population, instead of evo/config.py's default")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes")
-    parser.add_argument("--out", help="markdown file to write, which must not exist yet (default: a new folder "
-                                      "runs/efficiency/<problem>-<dtype>-<UTC time>/)")
+    parser.add_argument("--out", help="the report to write (REPORT.md; its raw result goes beside it as REPORT.json); "
+                                      "neither may exist yet (default: a new folder runs/efficiency/<problem>-"
+                                      "<dtype>-<UTC time>/)")
+    parser.add_argument("--from", dest="source", help="render the report of a raw result REPORT.json again (to "
+                                                      "stdout, and to --out if given); nothing runs")
     args = parser.parse_args(argv)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if unknown := [m for m in methods if m not in METHODS]:
+    if args.source:
+        return args
+    if missing := [f"--{k}" for k in ("problem", "dtype", "recording") if not getattr(args, k)]:
+        parser.error(f"{', '.join(missing)} required: a report names its problem, dtype and recording (the tuned-on "
+                     f"one is {' '.join(TUNED_ON)}, {TUNED_RECORDING.name}; another is held out)")
+    if not Path(args.recording).is_file():
+        parser.error(f"--recording {args.recording}: no such file")
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if unknown := [m for m in args.methods if m not in METHODS]:
         parser.error(f"unknown method {', '.join(unknown)}; choose from {', '.join(METHODS)}")
-    if "kt-ga" in methods and importlib.util.find_spec("kernel_tuner") is None:
+    if "kt-ga" in args.methods and importlib.util.find_spec("kernel_tuner") is None:
         parser.error("kt-ga needs Kernel Tuner: pip install -e '.[bench]', or leave kt-ga out of --methods")
-    if min(args.seeds, args.budget, args.jobs) < 1:
-        parser.error("--seeds, --budget and --jobs must be >= 1")
-    source: Source = (args.problem, args.dtype, args.recording)
+    if min(args.seeds, args.budget, args.jobs, args.population or 1) < 1:
+        parser.error("--seeds, --budget, --jobs and --population must be >= 1")
+    return args
+
+
+def rerender(source: str, out: str | None) -> int:
+    try:
+        text = efficiency_report.markdown(json.loads(Path(source).read_text()))
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"--from {source}: not a search-efficiency result ({exc!r})", file=sys.stderr)
+        return 2
+    print(text, end="")
+    if out:
+        Path(out).write_text(text)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if args.source:
+        return rerender(args.source, args.out)
+    base = (("population", args.population),) if args.population else ()
+    source: Source = (args.problem, args.dtype, args.recording, base)
     out = Path(args.out) if args.out else default_out(source, datetime.datetime.now(datetime.timezone.utc))
-    if out.exists():
-        parser.error(f"--out {out} exists; the benchmark never overwrites a report (choose a new path)")
+    if taken := [p for p in (out, out.with_suffix(".json")) if p.exists()]:
+        print(f"--out {out}: {taken[0]} exists; the benchmark never overwrites a report (choose a new path)",
+              file=sys.stderr)
+        return 2
     try:
         started, land = time.monotonic(), landscape(source)
     except (config.ConfigError, ReplayError) as exc:
-        parser.error(f"cannot replay {args.problem} {args.dtype}: {exc}")
+        print(f"cannot replay {args.problem} {args.dtype} from {args.recording}: {exc}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         cache_path = write_kt_cache(land, Path(tmp) / "kt-cache.json")
-        results = measure(methods, range(args.seeds), args.budget, cache_path, args.jobs, source)
+        results = measure(args.methods, range(args.seeds), args.budget, cache_path, args.jobs, source)
     command = "python -m kernel_factory.evo.tools.efficiency " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]) if a)
-    text = report(results, land, args.budget, args.seeds, time.monotonic() - started, args.jobs, source, command)
-    print(text, end="")
+    data = summarize(results, land, source, args.budget, range(args.seeds), args.jobs, time.monotonic() - started,
+                     command)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(f"written -> {out}", file=sys.stderr)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    out.write_text(efficiency_report.markdown(data))
+    print(out.read_text(), end="")
+    print(f"written -> {out}, {out.with_suffix('.json')}", file=sys.stderr)
     return 0
 
 

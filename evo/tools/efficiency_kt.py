@@ -80,8 +80,52 @@ def seeded_globals(seed: int) -> Iterator[None]:
         np.random.set_state(np_state)
 
 
-def kt_trial(land: Landscape, cache_path: Path, seed: int, budget: int) -> tuple[str, ...]:
-    """Kernel Tuner's genetic_algorithm in simulation mode on the exported cache, with its default options.
+@contextlib.contextmanager
+def watched_ga(sizes: list[int], stopped: list[str]) -> Iterator[None]:
+    """Record what Kernel Tuner's GA does as it runs: the size of each generation it evaluates, and the stop
+    criterion (max_fevals) if one ends it. KT 1.5.0's GA builds one CostFunc per call and evaluates a whole
+    generation with one eval_all; a subclass in its place sees both, and leaves every result as it was."""
+    from kernel_tuner.strategies import genetic_algorithm as ga
+    from kernel_tuner.util import StopCriterionReached
+
+    class Watched(ga.CostFunc):
+        def eval_all(self, xs, check_restrictions=True):   # noqa: ANN001, ANN202 (KT's signature)
+            sizes.append(len(xs))
+            try:
+                return super().eval_all(xs, check_restrictions=check_restrictions)
+            except StopCriterionReached as exc:
+                stopped.append(str(exc) or "stop criterion")
+                raise
+    original, ga.CostFunc = ga.CostFunc, Watched
+    try:
+        yield
+    finally:
+        ga.CostFunc = original
+
+
+def runs(sizes: Sequence[int]) -> list[list[int]]:
+    """Generation sizes as [size, how many generations in a row]: [[2, 20], [0, 70]]."""
+    out: list[list[int]] = []
+    for size in sizes:
+        if out and out[-1][0] == size:
+            out[-1][1] += 1
+        else:
+            out.append([size, 1])
+    return out
+
+
+def stop_rule(sizes: Sequence[int], stopped: Sequence[str]) -> str:
+    """Why the GA ended: its budget (max_fevals), an empty population (KT breeds a generation only while the
+    configurations it has evaluated, repeats included, number fewer than the space holds; then it runs out its
+    generations evaluating nothing), or its last generation (maxiter)."""
+    if stopped:
+        return "max_fevals"
+    return "empty" if sizes and sizes[-1] == 0 else "maxiter"
+
+
+def kt_trial(land: Landscape, cache_path: Path, seed: int, budget: int) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """Kernel Tuner's genetic_algorithm in simulation mode on the exported cache, with its default options: the
+    distinct configurations it evaluated, in order, and how it ran (its generations' sizes and its stop rule).
 
     KT's simulation runner charges one evaluation the first time it serves a configuration and none for a repeat
     (SimulationRunner.visited_results); the results it returns list repeats too, so the distinct configurations
@@ -89,11 +133,14 @@ def kt_trial(land: Landscape, cache_path: Path, seed: int, budget: int) -> tuple
     import kernel_tuner
     params = kt_tune_params(land.space)
     ids = {kt_key([g.gene_dict[n] for n in params]): gid for gid, g in land.genomes.items()}
-    with seeded_globals(seed), warnings.catch_warnings():
+    sizes: list[int] = []
+    stopped: list[str] = []
+    with seeded_globals(seed), warnings.catch_warnings(), watched_ga(sizes, stopped):
         warnings.simplefilter("ignore")   # "no parameter names a thread block dimension": nothing is launched
         results, _ = kernel_tuner.tune_kernel(
             land.kernel_name, "", [1], [], params, restrictions=[kt_restriction(land.space)],
             cache=str(cache_path), simulation_mode=True, strategy="genetic_algorithm",
             strategy_options={"max_fevals": budget}, quiet=True)
     order = [ids[kt_key([r[n] for n in params])] for r in results if "__error__" not in r]
-    return tuple(dict.fromkeys(order))
+    return tuple(dict.fromkeys(order)), {"generations": runs(sizes), "evaluated": sum(sizes),
+                                         "stop": stop_rule(sizes, stopped)}

@@ -313,6 +313,20 @@ def _verdict(rep: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
+SUMMARY = ["| report | geomean vs best peer (target) | rows below the floor | worst row | geomean at copy bandwidth |",
+           "|---|---|---|---|---|"]
+
+
+def summary_row(rep: Mapping[str, Any], name: str | None = None) -> str:
+    """One report in one table row (name: what its first cell shows). The README and the results page copy these
+    rows with a link on the name, so that each copy's numbers stand in the same order on the row it links."""
+    worst = next((g for g in rep["gaps"] if "ratio" in g), None)
+    note = f"; {rep['note']}" if rep.get("note") else ""
+    return (f"| {name or rep['name']} ({rep['date']}{note}) | **{_f(rep['geomean'])}** ({rep['target']['geomean']:g}) | "
+            f"{rep['rows_below_floor']} of {rep['rows']} below {rep['target']['floor']:g} | "
+            + (f"{worst['case']} {worst['ratio']:.3f}" if worst else "-") + f" | {_f(rep['geomean_ceiling'])} |")
+
+
 def _search_line(s: Mapping[str, Any]) -> str:
     if not s["evaluations"]:
         return "not searched at this case"
@@ -329,7 +343,8 @@ def markdown(analysis: Mapping[str, Any]) -> str:
              "measured in the bench's process (loose at small rows, where a copy of that size does not reach it); "
              "ceiling = best peer µs / copy µs, the ratio a kernel as fast as that copy would reach. Search "
              f"columns come from the runs' journals (GPU-timed, not side by side with the peers); margin = {pct}% "
-             "of the best search time.", ""]
+             "of the best search time.", "", "## Summary", "", *SUMMARY,
+             *(summary_row(rep) for rep in analysis["reports"]), ""]
     for rep in analysis["reports"]:
         lines += [f"## {rep['name']} ({rep['problem']})", "",
                   f"Bench: `{rep['bench']}` ({rep['subject']}; {rep['gpu']}, {rep['date']}, copy {rep['copy_gbps']} "

@@ -7,10 +7,13 @@ markdown `kernel-factory bench --from` renders beside it) or one Section to SECT
 Run from the repository root: the paths below are relative to it."""
 from __future__ import annotations
 
+import itertools
 import json
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from . import bench_report, bench_suite, faults, gap
 
@@ -20,6 +23,7 @@ TARGETS = "configs/targets/rmsnorm-h200.yaml"
 GAP = f"{RESULTS}/gap/rmsnorm-h200"
 GAP_COMMAND = f"kernel-factory gap {TARGETS} --out {RESULTS}/gap --stem rmsnorm-h200"
 FAULTS = f"{RESULTS}/faults/faults.json"
+FAULTS_MD = f"{RESULTS}/faults/faults.md"   # faults.table() of FAULTS, as the faults command printed it
 
 
 @dataclass(frozen=True)
@@ -76,35 +80,40 @@ def line_of(path: str, start: str, after: int = 0) -> int:
     raise ValueError(f"{path}: no line starting {start!r} after line {after}: regenerate it with its command")
 
 
+def gap_analysis() -> dict[str, Any]:
+    """The gap analysis of TARGETS, made once per process while the files it reads stay as they are (it reads every
+    run journal: seconds). Callers read it and never change it."""
+    files = [Path(TARGETS), *sorted(Path(RESULTS).glob("**/*.json")), *sorted(Path(RESULTS).glob("journals/**/*"))]
+    return _gap_analysis((os.getcwd(), *((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files
+                                         if p.is_file())))
+
+
+@lru_cache(maxsize=4)
+def _gap_analysis(files: tuple) -> dict[str, Any]:
+    return gap.analyse(gap.load_targets(TARGETS))
+
+
 def targets_table(from_root: bool = False) -> list[str]:
-    """Each target against its side-by-side bench, each row linking the lines of the gap report that hold its
-    numbers. The README copies this table (from_root=True; a test keeps the copy true)."""
-    analysis = gap.analyse(gap.load_targets(TARGETS))
-    lines = ["| report | geomean vs best peer (target) | rows below the floor | worst row | geomean at copy "
-             "bandwidth |", "|---|---|---|---|---|"]
+    """Each target against its side-by-side bench: the gap report's summary rows, each linking the row it copies.
+    The README copies this table (from_root=True; a test keeps the copy true)."""
+    analysis = gap_analysis()
+    rows = []
     for rep in analysis["reports"]:
-        top = line_of(GAP + ".md", f"## {rep['name']} (")
-        rows = (top, line_of(GAP + ".md", "|---", top) + 1)
-        worst = next((g for g in rep["gaps"] if "ratio" in g), None)
-        note = f"; {rep['note']}" if rep.get("note") else ""
-        lines.append(f"| {link(GAP + '.md', rows, rep['name'], from_root)} ({rep['date']}{note}) | "
-                     f"**{rep['geomean']:.3f}** ({rep['target']['geomean']:g}) | "
-                     f"{rep['rows_below_floor']} of {rep['rows']} below {rep['target']['floor']:g} | "
-                     + (f"{worst['case']} {worst['ratio']:.3f}" if worst else "-")
-                     + f" | {rep['geomean_ceiling']:.3f} |")
-    return lines
+        at = line_of(GAP + ".md", f"| {rep['name']} (")
+        rows.append(gap.summary_row(rep, link(GAP + ".md", (at, at), rep["name"], from_root)))
+    return [*gap.SUMMARY, *rows]
 
 
 def best_peers() -> str:
     """Which peers each report's best peer is the fastest of, from the gap analysis (the peers its bench ran)."""
     said = [f"{', '.join(rep['peers'])} ({rep['name']}{'; ' + rep['note'] if rep.get('note') else ''})"
-            for rep in gap.analyse(gap.load_targets(TARGETS))["reports"]]
+            for rep in gap_analysis()["reports"]]
     return "; ".join(said)
 
 
 def section_targets() -> list[str]:
     return [f"Raw: {link(GAP + '.json')} (the analysis), {link(GAP + '.md')} (every row); "
-            f"command: `{GAP_COMMAND}`. Ratio = best peer µs / ours, above 1 is faster; the best peer is the "
+            f"command: `{GAP_COMMAND}`. Ratio = best peer µs / ours, above one is faster; the best peer is the "
             f"fastest in each row, timed in the same process, of: {best_peers()}.", "",
             *targets_table(), "",
             f"The bench it reads, `{RESULTS}/bench/rmsnorm-h200.json`, joins the three side-by-side benches below "
@@ -120,11 +129,12 @@ def section_benches(benches: Sequence[Bench] = BENCHES) -> list[str]:
         others = "; ".join(f"{label[3:]} {value:.3f}" for label, value in means.items()
                            if label != "vs best peer" and value is not None)
         md = str(Path(b.json).with_suffix(".md"))
-        head, mean = (1, line_of(md, "Timing:")), line_of(md, "Geomean of the ratios")
-        lines += [f"**{b.label}** ({link(md, head, fp.get('gpu', '?'))}, {str(fp.get('date', '?'))[:10]}; raw "
-                  f"`{b.json}`; command: `{b.command}`): geomean vs best peer "
-                  f"**{bench_report.fmt(means['vs best peer'])}**, copy bandwidth {result['copy_gbps']:.0f} GB/s. "
-                  f"{link(md, (mean, mean), 'Geomean of baseline µs / ours')}: {others}.", ""]
+        copy, mean = line_of(md, "Timing:"), line_of(md, "Geomean of the ratios")
+        lines += [f"**{b.label}** ({link(md, (1, copy), fp.get('gpu', '?'))}, {str(fp.get('date', '?'))[:10]}; raw "
+                  f"`{b.json}`; command: `{b.command}`). {link(md, (mean, mean), 'Geomean of baseline µs / ours')}: "
+                  f"vs best peer **{bench_report.fmt(means['vs best peer'])}**; {others}. "
+                  f"{link(md, (copy, copy), 'Copy bandwidth')} in the same process: {result['copy_gbps']:.0f} GB/s.",
+                  ""]
     return lines + ["In the first three benches the torch.compile figures are not torch.compile's: that baseline "
                     "compiled one function for every shape and ran eager code past dynamo's recompile limit. The "
                     "last three benches re-measure it for every part and dtype with a compiled function per shape, "
@@ -135,25 +145,45 @@ def section_faults() -> list[str]:
     data = json.loads(Path(FAULTS).read_text())
     rows = [faults.Row(**{k: v for k, v in r.items() if k != "right"}) for r in data["rows"]]
     fp = data["fingerprint"]
-    return [f"Raw: {link(FAULTS)}, with each status's message; command: `kernel-factory faults --out {FAULTS}` on "
-            f"{fp.get('gpu', '?')}, {str(fp.get('date', '?'))[:10]}. One batch of deliberate faults with good kernels "
-            "between them, in this order, through the real GPU evaluator:", "",
-            "| fault | threads | expected | got | GPU s |", "|---|---|---|---|---|",
-            *(f"| {r.fault} | {r.threads} | {r.expected} | {r.got}{'' if r.right else ' (WRONG)'} | {r.gpu_s:.2f} |"
-              for r in rows), "",
-            f"{sum(r.right for r in rows)} of {len(rows)} got the expected status; the worker restarted "
-            f"{data['restarts']} times."]
+    right = sum(r.right for r in rows)
+    tally = line_of(FAULTS_MD, f"{right}/")
+    return [f"Raw: `{FAULTS}`, rendered with each status's message in {link(FAULTS_MD, (1, tally - 2))}; command: "
+            f"`kernel-factory faults --out {FAULTS}` on {fp.get('gpu', '?')}, {str(fp.get('date', '?'))[:10]}. One "
+            "batch of deliberate faults with good kernels between them, in this order, through the real GPU "
+            "evaluator:", "",
+            "| # | fault | threads | expected | got | GPU s |", "|---|---|---|---|---|---|",
+            *(f"| {i} | {r.fault} | {r.threads} | {r.expected} | {r.got}{'' if r.right else ' (WRONG)'} | "
+              f"{r.gpu_s:.2f} |" for i, r in enumerate(rows, 1)), "",
+            link(FAULTS_MD, (tally, tally), f"{right} of {len(rows)} got the expected status; the worker restarted "
+                                            f"{data['restarts']} times") + "."]
+
+
+# The search-efficiency reports (efficiency/<stem>.json and the .md rendered from it), whose tables the page copies.
+EFFICIENCY = (("softmax forward", "search-efficiency-softmax-heldout"), ("RMSNorm forward", "search-efficiency"),
+              ("RMSNorm forward, the loop at population 24", "search-efficiency-population24"))
+
+
+def section_efficiency() -> list[str]:
+    lines = ["Distinct genomes each method evaluated until one reached the target (`0.99` x the recorded space's "
+             "optimum), over seeds, replayed from H200 recordings (no GPU). The loop's search defaults were tuned on "
+             "the RMSNorm forward recording: its tables are in-sample, and the softmax table is the held-out "
+             "measure. Each report holds every method and seed, its command, its recording's sha256, and how Kernel "
+             "Tuner's GA ran (its population per generation and the rule that stopped it).", ""]
+    for label, stem in EFFICIENCY:
+        md = f"{RESULTS}/efficiency/{stem}.md"
+        data = json.loads(Path(md).with_suffix(".json").read_text())
+        text = Path(md).read_text().splitlines()
+        head = line_of(md, "| method |")
+        table = list(itertools.takewhile(str.strip, text[head - 1:]))
+        tuned = "the search settings were tuned on it (in-sample)" if data["in_sample"] else \
+            "the search settings were not tuned on it (held out)"
+        lines += [f"**{label}** ({data['dtype']}), recording `{data['recording']}`: {tuned}. "
+                  f"{link(md, (head, head + len(table) - 1))}, command: `{data['command']}`.", "", *table, ""]
+    return lines[:-1]
 
 
 def section_more() -> list[str]:
-    return [f"- Search efficiency on a recording the search settings were not tuned on (softmax forward, a space "
-            f"of 40 genomes, 20 seeds with the spread): "
-            f"{link(RESULTS + '/efficiency/search-efficiency-softmax-heldout.md')} (`python -m "
-            "kernel_factory.evo.tools.efficiency --seeds 20 --jobs 6 --out FILE`). The earlier tables on the RMSNorm "
-            f"recording ({link(RESULTS + '/efficiency/search-efficiency.md')}, "
-            f"{link(RESULTS + '/efficiency/search-efficiency-population24.md')}) are in-sample: the settings were "
-            "tuned on that recording.",
-            "- The recording the quickstart replays: [problems/recorded/](../problems/recorded/README.md).",
+    return ["- The recording the quickstart replays: [problems/recorded/](../problems/recorded/README.md).",
             "- The H200 run journals that `gap` reads: [results/journals/](results/journals/)."]
 
 
@@ -161,6 +191,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("Targets: ours against the best peer", section_targets),
     Section("Side-by-side benches", section_benches),
     Section("The evaluator's fault suite", section_faults),
+    Section("Search efficiency on recorded spaces", section_efficiency),
     Section("More raw results", section_more),
 )
 
