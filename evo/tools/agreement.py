@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.from_json:
-            rows = json.loads(Path(args.from_json).read_text())["rows"]
+            recorded = json.loads(Path(args.from_json).read_text())
+            rows, args.tolerance = recorded["rows"], float(recorded.get("tolerance", args.tolerance))
         else:
             if args.config:
                 if not args.baselines or not args.out:

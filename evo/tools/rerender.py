@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import bench_report, bench_suite, efficiency_report, faults, gap, heldout, percall, report, scaling
+from . import agreement, bench_report, bench_suite, efficiency_report, faults, gap, heldout, percall, report, scaling
 
 RESULTS = Path(report.RESULTS)
 
@@ -73,6 +73,14 @@ def _efficiency(source: Path) -> Rendered:
                     f"python -m kernel_factory.evo.tools.efficiency --from {source} --out {source.with_suffix('.md')}")
 
 
+def _agreement(source: Path) -> Rendered:
+    def text() -> str:
+        data = json.loads(source.read_text())
+        return agreement.table(data["rows"], data["tolerance"])
+    return Rendered(str(source.with_suffix(".md")), (str(source),), text,
+                    f"python -m kernel_factory.evo.tools.agreement --from {source} --out {source.parent}")
+
+
 def _gap() -> list[Rendered]:
     raw = (report.TARGETS,)   # and the benches and journals it names
     return [Rendered(report.GAP + ".md", raw, lambda: gap.markdown(report.gap_analysis()), report.GAP_COMMAND),
@@ -87,6 +95,7 @@ def reports() -> list[Rendered]:
     out += [_percall(s) for s in sorted(RESULTS.glob("op/*/percall.json"))]
     out += [_scaling(s) for s in sorted(RESULTS.glob("scaling/scaling.json"))]
     out += [_efficiency(s) for s in sorted(RESULTS.glob("efficiency/*.json"))]
+    out += [_agreement(s) for s in sorted(RESULTS.glob("agreement/*/agreement.json"))]
     out += [_faults(), *_gap(), Rendered(report.OUT, (str(RESULTS),), report.page, "kernel-factory report")]
     return out
 
