@@ -51,20 +51,21 @@ def write_synthetic_recording(path: Path, problem, cases: list[Case], baseline: 
               "baseline_us": {c.key: synthetic_time_us(problem.space.defaults(), c) * 1.3 for c in cases},
               "copy_gbps": 4200.0, "sampling": "exhaustive (synthetic, tests only)",
               "fingerprint": {"gpu": "SYNTHETIC test data", "date": "2026-01-01"}}
-    writer = recording.Writer(path, header)
     rng = random.Random(7)
-    for genes in problem.space.enumerate():
-        genome = Genome.of(genes)
+
+    def result(genes: dict, genome: Genome) -> EvalResult:
         roll = rng.random()
         if roll < 0.03:
-            res = EvalResult(genome.id, Status.COMPILE_ERROR, message="synthetic compile error")
-        elif roll < 0.06:
-            res = EvalResult(genome.id, Status.INCORRECT, message="synthetic mismatch")
-        else:
-            times = {c.key: synthetic_time_us(genes, c) for c in cases}
-            res = EvalResult(genome.id, Status.OK, times_us=times, iqr_us={k: 0.01 * t for k, t in times.items()},
-                             build={"bfloat16": BuildInfo(registers=40)}, gpu_s=0.05)
-        writer.add(genome, res)
+            return EvalResult(genome.id, Status.COMPILE_ERROR, message="synthetic compile error")
+        if roll < 0.06:
+            return EvalResult(genome.id, Status.INCORRECT, message="synthetic mismatch")
+        times = {c.key: synthetic_time_us(genes, c) for c in cases}
+        return EvalResult(genome.id, Status.OK, times_us=times, iqr_us={k: 0.01 * t for k, t in times.items()},
+                          build={"bfloat16": BuildInfo(registers=40)}, gpu_s=0.05)
+
+    writer = recording.Writer(path, header)
+    writer.add_all((genome, result(genes, genome)) for genes in problem.space.enumerate()
+                   for genome in [Genome.of(genes)])
     return writer.finish()
 
 

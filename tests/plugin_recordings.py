@@ -19,10 +19,11 @@ def synthetic_recording(path: Path, problem: Any, dtypes: Sequence[str] = ("bflo
               "space": {g.name: list(g.choices) for g in problem.space.genes}, "cases": [c.key for c in cases],
               "baseline": problem.baselines[0], "baseline_us": {c.key: 100.0 for c in cases}, "copy_gbps": 4000.0,
               "sampling": "exhaustive (synthetic, tests only)", "fingerprint": {"gpu": "SYNTHETIC", "date": "2026-01-01"}}
-    writer = recording.Writer(path, header)
-    for genes in problem.space.enumerate() if genomes is None else genomes:
-        genome = Genome.of(genes)
+    def result(genome: Genome) -> EvalResult:
         times = {c.key: rng.uniform(50, 150) for c in cases}
-        writer.add(genome, EvalResult(genome.id, Status.OK, times_us=times, build={"bfloat16": BuildInfo(registers=24)},
-                                      gpu_s=0.01))
+        return EvalResult(genome.id, Status.OK, times_us=times, build={"bfloat16": BuildInfo(registers=24)}, gpu_s=0.01)
+
+    writer = recording.Writer(path, header)
+    writer.add_all((genome, result(genome)) for genes in (problem.space.enumerate() if genomes is None else genomes)
+                   for genome in [Genome.of(genes)])
     return writer.finish()

@@ -10,8 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-# Baselines that problems load only when installed (each says what it needs), and Kernel Tuner (bench/test extras).
-OPTIONAL_PEERS = {"liger_kernel", "rmsnorm", "kernel_tuner", "quack", "ray"}   # ray: the `ray` extra
+# Baselines that problems load only when installed (each says what it needs), Kernel Tuner (bench/test extras), Ray
+# (the `ray` extra) and playwright (the screenshots tool: the `test` extra, it says so when missing).
+OPTIONAL_PEERS = {"liger_kernel", "rmsnorm", "kernel_tuner", "quack", "ray", "playwright"}
 
 
 def name(requirement: str) -> str:
@@ -59,5 +60,5 @@ def test_pytest_is_a_test_tool_and_the_test_extra_runs_the_comparisons():
 
 
 def test_the_install_line_is_the_same_in_the_readme_and_ci():
-    line = 'pip install -e ".[test]" ./tests/plugins/kf_softmax "torch==2.13.0"'
+    line = 'pip install -e ".[test]" ./tests/plugins/kf_softmax ./tests/plugins/kf_silu_mul "torch==2.13.0"'
     assert line in (ROOT / ".ci" / "run").read_text() and line in (ROOT / "README.md").read_text()

@@ -15,6 +15,7 @@ import yaml
 from kernel_factory.evo import journal
 
 CLI = [sys.executable, "-m", "kernel_factory.evo.tools.cli"]
+FORKED = Path(__file__).with_name("forked_cli.py")   # the CLI, killed at a chosen point
 KILLS = 10
 
 
@@ -60,33 +61,26 @@ def mlflow_state(folder: Path, run_id: str) -> tuple[int, list[str], list[str]]:
 def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, synthetic_recording):
     run_id = "resume-test"
     ref_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
-    began = time.perf_counter()
     ref = subprocess.run([*CLI, "run", str(write_config(ref_dir, synthetic_recording)), "--run-id", run_id],
                          capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr[-2000:]
-    whole = time.perf_counter() - began   # kill moments scale with this machine's speed (start-up included)
+    records = len(journal.records(ref_dir / "runs" / run_id / "journal.jsonl"))
 
+    # Each session dies at a seeded point: after its K-th journal record, or after its K-th finished MLflow child
+    # run (before the table lists it). K stays below records / KILLS, so every kill lands before the run ends.
     cfg = write_config(killed_dir, synthetic_recording)
     rng = random.Random(1234)
-    kills, attempts = 0, 0
-    while True:
-        attempts += 1
+    for kill in range(KILLS):
         started = (killed_dir / "runs" / run_id / "journal.jsonl").is_file()
         args = ["resume", run_id, "--runs", str(killed_dir / "runs")] if started else \
                ["run", str(cfg), "--run-id", run_id]
-        proc = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if kills < KILLS:
-            time.sleep(rng.uniform(0.15, 0.9) * whole)
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                kills += 1
-                continue
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
-        if kills >= KILLS:
-            break
-        assert attempts < 4 * KILLS, "the run keeps finishing before it can be killed: make it longer"
+        point = f"{('journal', 'child')[kill % 2]}:{rng.randint(2, records // KILLS)}"
+        died = subprocess.run([sys.executable, str(FORKED), point, *args], capture_output=True, text=True,
+                              timeout=300)
+        assert died.returncode == -signal.SIGKILL, f"{point}: {died.stderr[-2000:]}"
+    done = subprocess.run([*CLI, "resume", run_id, "--runs", str(killed_dir / "runs")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
     want, got = final_state(ref_dir, run_id), final_state(killed_dir, run_id)
     assert len(got["results"]) == len(set(got["results"])), "a candidate was evaluated twice"
     assert len(got["refused"]) == len(set(got["refused"])), "a refusal was journaled twice"

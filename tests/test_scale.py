@@ -210,8 +210,13 @@ def test_accounting_reaches_mlflow_and_counts_llm_tokens(replay_config):
     (parent,) = client.search_runs([exp.experiment_id], f"tags.`kf.run_id` = '{summary.run_id}' and "
                                                         f"tags.`kf.kind` = 'evolution'")
     metrics = parent.data.metrics
-    assert metrics["workers"] == 2 and metrics["gpu_s.sim0"] > 0 and metrics["gpu_s.sim1"] > 0
-    assert metrics["timed_per_held_gpu_minute"] == pytest.approx(summary.accounting["timed_per_held_gpu_minute"])
+    # A simulated pool's workers held no GPU: their numbers carry their source in the name
+    assert summary.accounting["simulated"]
+    assert metrics["simulated_workers"] == 2
+    assert metrics["simulated_gpu_s.sim0"] > 0 and metrics["simulated_gpu_s.sim1"] > 0
+    assert not {"workers", "gpu_s.sim0", "timed_per_held_gpu_minute"} & set(metrics)
+    assert metrics["simulated_timed_per_held_gpu_minute"] == \
+        pytest.approx(summary.accounting["timed_per_held_gpu_minute"])
     usage = '{"prompt_tokens": 120, "completion_tokens": 30}'
     made = [Candidate(Genome.of({"a": i}), notes={accounting.LLM_USAGE_NOTE: usage}) for i in range(3)]
     assert accounting.llm_tokens(made + [Candidate(Genome.of({"a": 9}))]) == {"prompt": 360, "completion": 90,

@@ -61,6 +61,7 @@ class MlflowObserver:
         self.parent_id = ""
         self.seen: list[tuple[Candidate, EvalResult]] = []   # every result so far, for the lineage
         self.logged: set[str] = set()     # on resume: candidates whose child runs are complete already
+        self.tabled: set[str] = set()     # candidates in the table (a kill can land after a child, before the table)
         self.table: dict[str, list] = {}  # the candidate table so far, {column: cells}, written whole each time
         self.last_generation = -1         # on resume: the last generation whose metrics are logged
         # LLM calls' figures, this generation's and the run's (added up on the loop's thread).
@@ -193,7 +194,7 @@ class MlflowObserver:
             else:
                 self.client.delete_run(child.info.run_id)
         self.table = read_table(self.client, self.parent_id, numbers=False)
-        self.logged |= set(self.table.get("candidate", []))
+        self.tabled = set(self.table.get("candidate", []))
         history = self.client.get_metric_history(self.parent_id, "best_fitness")
         self.last_generation = max((m.step for m in history), default=-1)
         return True
@@ -265,7 +266,7 @@ class MlflowObserver:
 
     def _log_table(self, results: Sequence[tuple[Candidate, EvalResult]]) -> None:
         """This generation's new candidates added to the parent's candidates.json."""
-        new = [(c, r) for c, r in results if c.id not in self.logged]
+        new = [(c, r) for c, r in results if c.id not in self.tabled]
         if not new:
             return
         graph = lineage.build(results, self.run.run_id)
@@ -277,7 +278,7 @@ class MlflowObserver:
         for name in [*self.table, *(k for k in rows if k not in self.table)]:
             self.table.setdefault(name, [""] * before).extend(rows.get(name, [""] * len(new)))
         log_table_file(self.client, self.parent_id, view.table_file(self.table), view.TABLE)
-        self.logged |= {c.id for c, _ in new}
+        self.tabled |= {c.id for c, _ in new}
 
     def _log_lineage(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> None:
         if not results:
