@@ -43,10 +43,13 @@ def synthetic_time_us(genes: dict, case: Case) -> float:
     return bytes_moved / (max(eff, 0.05) * 4.2e3) / 1e3
 
 
-def write_synthetic_recording(path: Path, problem, cases: list[Case], baseline: str = "torch_eager") -> Path:
-    """A recording in the real format over the problem's whole space, from synthetic_time_us."""
+def write_synthetic_recording(path: Path, problem, cases: list[Case], baseline: str = "torch_eager",
+                              choices: dict[str, list] | None = None) -> Path:
+    """A recording in the real format over the problem's whole space (or the part of it that `choices` names, gene
+    -> the values kept), from synthetic_time_us."""
+    space = problem.space.restricted(choices) if choices else problem.space
     header = {"problem": problem.name, "problem_version": problem.version,
-              "space": {g.name: list(g.choices) for g in problem.space.genes},
+              "space": {g.name: list(g.choices) for g in space.genes},
               "cases": [c.key for c in cases], "baseline": baseline,
               "baseline_us": {c.key: synthetic_time_us(problem.space.defaults(), c) * 1.3 for c in cases},
               "copy_gbps": 4200.0, "sampling": "exhaustive (synthetic, tests only)",
@@ -64,7 +67,7 @@ def write_synthetic_recording(path: Path, problem, cases: list[Case], baseline: 
                           build={"bfloat16": BuildInfo(registers=40)}, gpu_s=0.05)
 
     writer = recording.Writer(path, header)
-    writer.add_all((genome, result(genes, genome)) for genes in problem.space.enumerate()
+    writer.add_all((genome, result(genes, genome)) for genes in space.enumerate()
                    for genome in [Genome.of(genes)])
     return writer.finish()
 

@@ -1,5 +1,6 @@
-"""Crash-safe resume: a replay run killed with SIGKILL at random moments (at least 10 times) and resumed each time
-ends in the same state as an uninterrupted run of the same seed: the same candidates in the same order, none
+"""Crash-safe resume: a replay run killed with SIGKILL 10 times, at seeded points between two writes (after a journal
+record; after an MLflow child run, before the table lists it), and resumed each time ends in the same state as an
+uninterrupted run of the same seed: the same candidates in the same order, none
 evaluated twice, the same final population and hall of fame, and MLflow consistent with the journal."""
 import json
 import os
@@ -10,13 +11,25 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
+from conftest import write_synthetic_recording
 from kernel_factory.evo import journal
 
 CLI = [sys.executable, "-m", "kernel_factory.evo.tools.cli"]
 FORKED = Path(__file__).with_name("forked_cli.py")   # the CLI, killed at a chosen point
 KILLS = 10
+# A part of the RMSNorm space (2304 genomes): every session reads its recording, so a small one keeps ten
+# sessions quick, while the surrogate still has enough to refuse children.
+PART = {"threads": [256, 1024], "rows_per_cta": [1, 2], "load": ["plain", "nc", "cp_async"], "unroll": [1, 2, 4],
+        "stage_copy": ["cp_async"], "cluster": [1, 4], "persistent": [False], "tail": ["scalar"]}
+
+
+@pytest.fixture(scope="module")
+def part_recording(tmp_path_factory, rmsnorm, bench_cases) -> Path:
+    return write_synthetic_recording(tmp_path_factory.mktemp("rec") / "rmsnorm_fwd-part.jsonl.gz", rmsnorm,
+                                     bench_cases, choices=PART)
 
 
 def write_config(folder: Path, recording: Path) -> Path:
@@ -58,17 +71,17 @@ def mlflow_state(folder: Path, run_id: str) -> tuple[int, list[str], list[str]]:
     return len(parents), [k.data.tags["kf.candidate_id"] for k in kids], table
 
 
-def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, synthetic_recording):
+def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, part_recording):
     run_id = "resume-test"
     ref_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
-    ref = subprocess.run([*CLI, "run", str(write_config(ref_dir, synthetic_recording)), "--run-id", run_id],
+    ref = subprocess.run([*CLI, "run", str(write_config(ref_dir, part_recording)), "--run-id", run_id],
                          capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr[-2000:]
     records = len(journal.records(ref_dir / "runs" / run_id / "journal.jsonl"))
 
     # Each session dies at a seeded point: after its K-th journal record, or after its K-th finished MLflow child
     # run (before the table lists it). K stays below records / KILLS, so every kill lands before the run ends.
-    cfg = write_config(killed_dir, synthetic_recording)
+    cfg = write_config(killed_dir, part_recording)
     rng = random.Random(1234)
     for kill in range(KILLS):
         started = (killed_dir / "runs" / run_id / "journal.jsonl").is_file()
@@ -94,12 +107,12 @@ def test_kill_9_and_resume_matches_an_uninterrupted_run(tmp_path, synthetic_reco
     json.dumps(records)   # the journal stays plain JSON throughout
 
 
-def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, synthetic_recording):
+def test_sigterm_closes_the_run_and_resume_finishes_it(tmp_path, part_recording):
     """`timeout` and job schedulers stop with SIGTERM: the run ends as after Ctrl-C (exit 143, an `end` record that
     says interrupted and holds what was measured, MLflow's parent run KILLED with its metrics and summary), and
     resume carries on from there."""
     run_id = "sigterm-test"
-    cfg = write_config(tmp_path, synthetic_recording)
+    cfg = write_config(tmp_path, part_recording)
     path = tmp_path / "runs" / run_id / "journal.jsonl"
     proc = subprocess.Popen([*CLI, "run", str(cfg), "--run-id", run_id], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
