@@ -144,10 +144,11 @@ def discard_if_empty(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _unfinished(run_id: str, history: History | None) -> RunSummary:
-    """The summary of a run stopped by an error: what it evaluated so far (all in its journal), not zero."""
-    mine = [r for r in history.records(prior=False) if r.status is not Status.INFEASIBLE] if history else []
-    return RunSummary(run_id, max((r.generation for r in mine), default=0), len(mine), "error", 0.0, 0.0, None, ())
+def _unfinished(run_id: str, history: History, interrupted: bool) -> RunSummary:
+    """The summary of a run stopped by an error or by Ctrl-C outside the loop: what it evaluated so far, not zero."""
+    mine = [r for r in history.records(prior=False) if r.status is not Status.INFEASIBLE]
+    return RunSummary(run_id, max((r.generation for r in mine), default=0), len(mine),
+                      "interrupted" if interrupted else "error", 0.0, 0.0, None, ())
 
 
 def _close(observers: Sequence, summary: RunSummary) -> Exception | None:
@@ -190,7 +191,7 @@ def _execute(cfg: RunConfig, run: build.Run, kind: str, why_not_gpu: str | None,
                    tuple(g.id for g in seeds), len(prior), resume, {k: r.run_id for k, r in origins.items()},
                    {k: {"run": r.run_id, "candidate": r.id, "generation": r.generation} for k, r in origins.items()})
     proposer = Proposer(space, run.operators, cfg.search, run.problem, fingerprint)
-    summary, started, interrupt, failed = None, [], None, False
+    summary, started, interrupt, failed = None, [], None, None
     try:
         for obs in observers:
             obs.on_start(info)
@@ -206,15 +207,15 @@ def _execute(cfg: RunConfig, run: build.Run, kind: str, why_not_gpu: str | None,
             credit.report(credit.by_operator(history.outcomes())), info.evaluator.replay_note()))
     except Interrupted as exc:   # the observers close with what was measured; the interrupt goes on to the CLI
         summary, interrupt = exc.summary, exc.__cause__
-    except BaseException:
-        failed = True   # this error goes on to the CLI; one from closing the observers would hide it
+    except BaseException as exc:
+        failed = exc   # this goes on to the CLI; an error from closing the observers would hide it
         raise
     finally:
         evaluator.close()
         # stopped before the loop began, or by an error: close with what was evaluated so far
-        summary = summary or _unfinished(run_id, history)
+        summary = summary or _unfinished(run_id, history, isinstance(failed, KeyboardInterrupt))
         late = _close(started, summary)
-        if late is not None and not failed and interrupt is None:
+        if late is not None and failed is None and interrupt is None:
             raise late
     if interrupt is not None:
         raise interrupt

@@ -355,9 +355,10 @@ class MlflowObserver:
             self.client.log_text(self.parent_id, summary.lessons, "lessons.md")
         if self.monitor is not None:
             self.monitor.finish()
-        # KILLED: stopped by Ctrl-C or SIGTERM, with what it measured logged; `kernel-factory resume` continues it.
-        self.client.set_terminated(self.parent_id,
-                                   status="KILLED" if summary.stop_reason == "interrupted" else "FINISHED")
+        # KILLED: stopped by Ctrl-C or SIGTERM, FAILED: by an error (a full disk), each with what it measured logged;
+        # `kernel-factory resume` continues either.
+        status = {"interrupted": "KILLED", "error": "FAILED"}.get(summary.stop_reason, "FINISHED")
+        self.client.set_terminated(self.parent_id, status=status)
 
     def _graph(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> Any:
         """This run's lineage, each warm-start seed linked to the run and candidate that bred it."""

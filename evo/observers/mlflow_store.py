@@ -72,9 +72,12 @@ class TrackingError(ConfigError):
     """The tracking store cannot be written (read-only, unreachable, broken): one line, raised at the run's start."""
 
 
-# How long the store may take to answer the check before the first candidate. MLflow retries a failing store for
-# minutes (an unreachable server, a SQLite file it cannot create), so the check runs on a thread it may outlive.
-STORE_CHECK_S = 5.0
+# How long the store may take to answer the check before the first candidate. MLflow retries a failing server for
+# minutes, so the check runs on a thread it may outlive. A local SQLite file has no network to wait on (one that
+# cannot be created fails at once in reachable()), but a new one runs MLflow's migrations, seconds on a loaded
+# machine: it gets a hang guard only.
+STORE_CHECK_S = 6.0
+LOCAL_CHECK_S = 120.0
 CONNECT_S = 3.0   # a tracking server's port, tried directly first (MLflow's own client retries for minutes)
 
 
@@ -110,9 +113,11 @@ def reachable(uri: str | None) -> None:
             path.unlink()
 
 
-def check_store(tracking: Any, experiment: str, artifacts: Path, problem: str, run_id: str,
-                timeout_s: float = STORE_CHECK_S) -> str | None:
-    """probe_store within timeout_s: its answer, or the exception it raised, or TimeoutError."""
+def check_store(tracking: Any, experiment: str, artifacts: Path, problem: str, run_id: str) -> str | None:
+    """probe_store within its time (STORE_CHECK_S, LOCAL_CHECK_S): its answer, the exception it raised, or
+    TimeoutError."""
+    uri = tracking_uri(tracking)
+    timeout_s = LOCAL_CHECK_S if uri is None or uri.startswith("sqlite:") else STORE_CHECK_S
     box: dict[str, Any] = {}
 
     def work() -> None:
