@@ -359,7 +359,10 @@ def throughput(results: Sequence[EvalResult]) -> float:
 
 @runtime_checkable
 class Observer(Protocol):
-    """Watches a run. Observers never change the search; they record it (journal, MLflow, console)."""
+    """Watches a run. Observers never change the search; they record it (journal, MLflow, console). One that
+    writes to a store may also have `preflight(run_id, resumed) -> bool`, called before the run folder is made and
+    anything is evaluated (evo/run.py): it raises ConfigError for a store that cannot be used or that already holds
+    a new run's id, and returns False when it sits the run out (MLflow with tracking.optional)."""
 
     def on_start(self, run: RunInfo) -> None:
         ...

@@ -10,6 +10,7 @@ import json
 import platform
 import random
 import re
+import shutil
 import uuid
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -26,8 +27,8 @@ from .steady import evolve_steady
 from .lessons import to_markdown
 from . import credit
 from . import journal
-from .protocols import Evaluator, EvaluatorInfo, RecordedSpace, Retimes, RunInfo, RunSummary
-from .types import Candidate, EvalResult
+from .protocols import Evaluator, EvaluatorInfo, GenerationStats, RecordedSpace, Retimes, RunInfo, RunSummary
+from .types import Candidate, EvalResult, Status
 from .variation import Proposer
 
 PRIOR_FILE = "prior.jsonl"
@@ -50,13 +51,19 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def run_folder(out_dir: str, run_id: str, resume: bool) -> Path:
-    """The run's folder, created now so that a path that cannot hold it fails before anything is evaluated.
-    An existing run is continued only by resume: a second run under its id would corrupt its journal."""
+def refuse_existing(out_dir: str, run_id: str, resume: bool) -> Path:
+    """The run's folder path, if a new run may have it: an existing run is continued only by resume."""
     folder = Path(out_dir) / check_run_id(run_id)
     if not resume and (folder / journal.NAME).exists():
         raise ConfigError(f"run {run_id!r} already exists in {folder}; continue it with `kernel-factory resume "
                           f"{run_id} --runs {out_dir}`, or choose another --run-id")
+    return folder
+
+
+def run_folder(out_dir: str, run_id: str, resume: bool) -> Path:
+    """The run's folder, created now so that a path that cannot hold it fails before anything is evaluated.
+    An existing run is continued only by resume: a second run under its id would corrupt its journal."""
+    folder = refuse_existing(out_dir, run_id, resume)
     blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if blocker is not None and not blocker.is_dir():
         raise ConfigError(f"cannot use {str(folder)!r} as the run folder: {str(blocker)!r} is a file, not a folder "
@@ -110,14 +117,61 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     run = build.prepare(cfg)
     kind, why_not_gpu = build.evaluator_kind(cfg)
     run_id = new_run_id(run.problem.name) if run_id is None else run_id
+    created = not refuse_existing(cfg.out_dir, run_id, resume).exists()
+    observers = build.make_observers(run)
+    # Stores are checked before the run folder exists and before anything is evaluated (observers that can).
+    tracked = all([obs.preflight(run_id, resume) for obs in observers if hasattr(obs, "preflight")])
     folder = run_folder(cfg.out_dir, run_id, resume)
+    try:
+        return _execute(cfg, run, kind, why_not_gpu, run_id, folder, observers, resume, tracked)
+    except BaseException:
+        if created:
+            discard_if_empty(folder)
+        raise
+
+
+def discard_if_empty(folder: Path) -> None:
+    """Remove a run folder this process created when its journal holds no result and no generation (an error or
+    Ctrl-C during start-up), so that no empty run is left behind; a journal that cannot be read is kept."""
+    path = folder / journal.NAME
+    if path.exists():
+        try:
+            events = journal.read(path).events
+        except ConfigError:
+            return
+        if any(isinstance(e, (journal.Result, GenerationStats)) for e in events):
+            return
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _unfinished(run_id: str, history: History, interrupted: bool) -> RunSummary:
+    """The summary of a run stopped by an error or by Ctrl-C outside the loop: what it evaluated so far, not zero."""
+    mine = [r for r in history.records(prior=False) if r.status is not Status.INFEASIBLE]
+    return RunSummary(run_id, max((r.generation for r in mine), default=0), len(mine),
+                      "interrupted" if interrupted else "error", 0.0, 0.0, None, ())
+
+
+def _close(observers: Sequence, summary: RunSummary) -> Exception | None:
+    """Every started observer's on_end, even when one of them fails (a full disk fails the journal's, and MLflow
+    must still close its run); the first failure is returned."""
+    first = None
+    for obs in observers:
+        try:
+            obs.on_end(summary)
+        except Exception as exc:   # noqa: BLE001 - re-raised by the caller unless an earlier error is on its way
+            first = first or exc
+    return first
+
+
+def _execute(cfg: RunConfig, run: build.Run, kind: str, why_not_gpu: str | None, run_id: str, folder: Path,
+             observers: list, resume: bool, tracked: bool) -> RunSummary:
     evaluator = build.make_evaluator(run, kind)
     key = cases_key(run.problem.name, run.cases, run.baseline)
     if resume:
         evaluator = JournalCache(evaluator, journal.read(folder / journal.NAME).known())
         prior = [Record.from_json(json.loads(line)) for line in (folder / PRIOR_FILE).read_text().splitlines()]
     else:
-        prior = _prior(cfg, run, kind, dict(evaluator.info.fingerprint), key, run_id)
+        prior = _prior(cfg, run, kind, dict(evaluator.info.fingerprint), key, run_id) if tracked else []
         (folder / PRIOR_FILE).write_text("".join(json.dumps(r.to_json()) + "\n" for r in prior))
     history = History(prior)
     warm = history.best(cfg.search.warm_start.count) if cfg.search.warm_start.enabled else []
@@ -126,7 +180,6 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
     space = build.restrict_space(evaluator.space if isinstance(evaluator, RecordedSpace) else run.problem.space,
                                  cfg.search.space)
     seeds += table_seeds(cfg.search.seeds_from, run.problem, space)
-    observers = build.make_observers(run)
     resolved = replace(cfg, dtypes=tuple(sorted({c.dtype for c in run.cases})),
                        evaluator=replace(cfg.evaluator, kind=kind, baseline=run.baseline))
     fingerprint = dict(evaluator.info.fingerprint) | ({"why_replay": why_not_gpu} if why_not_gpu else {})
@@ -138,7 +191,7 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
                    tuple(g.id for g in seeds), len(prior), resume, {k: r.run_id for k, r in origins.items()},
                    {k: {"run": r.run_id, "candidate": r.id, "generation": r.generation} for k, r in origins.items()})
     proposer = Proposer(space, run.operators, cfg.search, run.problem, fingerprint)
-    summary, started, interrupt = None, [], None
+    summary, started, interrupt, failed = None, [], None, None
     try:
         for obs in observers:
             obs.on_start(info)
@@ -154,12 +207,16 @@ def execute(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> 
             credit.report(credit.by_operator(history.outcomes())), info.evaluator.replay_note()))
     except Interrupted as exc:   # the observers close with what was measured; the interrupt goes on to the CLI
         summary, interrupt = exc.summary, exc.__cause__
+    except BaseException as exc:
+        failed = exc   # this goes on to the CLI; an error from closing the observers would hide it
+        raise
     finally:
         evaluator.close()
-        if summary is None:   # stopped before the loop began, or by an error: close with nothing measured
-            summary = RunSummary(run_id, 0, 0, "error", 0.0, 0.0, None, ())
-        for obs in started:
-            obs.on_end(summary)
+        # stopped before the loop began, or by an error: close with what was evaluated so far
+        summary = summary or _unfinished(run_id, history, isinstance(failed, KeyboardInterrupt))
+        late = _close(started, summary)
+        if late is not None and failed is None and interrupt is None:
+            raise late
     if interrupt is not None:
         raise interrupt
     return summary
@@ -191,11 +248,24 @@ def table_seeds(path: str | None, problem, space, key: str = "search.seeds_from"
     return seeds
 
 
+# Stop reasons that leave work to do: Ctrl-C or SIGTERM, and an error (a full disk). Any other one is final.
+UNFINISHED = ("interrupted", "error")
+
+
+class Finished(Exception):
+    """`resume` of a run whose journal ends with a final stop reason: nothing is re-run (the message says so)."""
+
+
 def resume(run_id: str, out_dir: str = "runs") -> RunSummary:
     """Continue a killed run from its journal (same config, seed and snapshot of earlier runs)."""
     path = Path(out_dir) / check_run_id(run_id) / journal.NAME
     if not path.is_file():
         runs = sorted(p.parent.name for p in Path(out_dir).glob(f"*/{journal.NAME}"))
         raise ConfigError(f"no journal for run {run_id!r} under {out_dir}/; runs there: {', '.join(runs) or 'none'}")
-    cfg = config_mod.parse(journal.read(path).config)
-    return execute(cfg, run_id, resume=True)
+    done = journal.read(path)
+    if done.end is not None and done.end.stop_reason not in UNFINISHED:
+        end = done.end
+        raise Finished(f"run {run_id!r} is finished (stopped by {end.stop_reason} after {end.evaluations} "
+                       f"evaluations, best {end.best or 'none'}); there is nothing to resume: start a new run with "
+                       f"`kernel-factory run CONFIG`")
+    return execute(config_mod.parse(done.config), run_id, resume=True)

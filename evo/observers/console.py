@@ -71,6 +71,9 @@ class ConsoleObserver:
                     f"({stats.best_id}) | median {stats.median_fitness:.4f}x | {counts} | {stats.wall_s:6.1f} s")
 
     def on_end(self, summary: RunSummary) -> None:
+        if summary.stop_reason == "error":   # the error's own line follows; nothing here may contradict it
+            self._print(f"stopped by an error after {summary.evaluations} candidates evaluated")
+            return
         self._print(f"done: {summary.generations} generations, {summary.evaluations} candidates evaluated, "
                     f"stopped by {summary.stop_reason}, {summary.wall_s:.1f} s wall")
         if summary.gpu_s > 0 and summary.timed_per_gpu_minute > 0:

@@ -22,10 +22,16 @@ class JournalObserver:
 
     def _write(self, record: Mapping[str, Any]) -> None:
         assert self.path is not None, "on_start must come first"
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            if exc.filename is not None:
+                raise
+            # A failed write or flush (a full disk) names no file; the error line must say which one it was.
+            raise OSError(exc.errno, exc.strerror or str(exc), str(self.path)) from exc
 
     def on_start(self, run: RunInfo) -> None:
         folder = Path(run.out_dir) / run.run_id

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -22,11 +23,13 @@ from matplotlib.colors import LinearSegmentedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from ..config import ConfigError
 from .lineage import ORIGIN, SHORT_OPERATOR, best, best_ancestry, run_parents, seed_note
 
 FAILURE_COLOURS = {"compile_error": "#d62728", "incorrect": "#ff7f0e", "crashed": "#9467bd",
                    "timeout": "#8c564b", "not_recorded": "#9e9e9e",
                    "suspect": "#e377c2", "infeasible": "#17becf"}
+KINDS = ("png", "svg", "html", "json")   # the drawings, each a file lineage.<kind>
 SEED_COLOUR = "#0072B2"   # a seed's link to the run that bred it: blue and dashed, apart from parent edges
 # Greens without its near-white end, so that the weakest correct kernel still reads as a filled node.
 FITNESS_CMAP = LinearSegmentedColormap.from_list("kf_fitness", matplotlib.colormaps["Greens"](np.linspace(.3, 1, 64)))
@@ -75,18 +78,43 @@ def render(graph: nx.DiGraph, out_dir: str | Path) -> dict[str, Path]:
     """lineage.png, .svg, .html (the SVG with a hover title per node) and .json (node-link data) in out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    return draw(graph, {kind: out / f"lineage.{kind}" for kind in KINDS})
+
+
+def draw(graph: nx.DiGraph, paths: Mapping[str, Path]) -> dict[str, Path]:
+    """The drawings named in paths ({kind: file}, kinds from KINDS), written there."""
+    if "json" in paths:
+        paths["json"].write_text(json.dumps(nx.node_link_data(graph, edges="edges"), indent=1))
+    if paths.keys() <= {"json"}:
+        return dict(paths)
     fig, nodes = _draw(graph)
-    paths = {kind: out / f"lineage.{kind}" for kind in ("png", "svg", "html", "json")}
-    fig.savefig(paths["png"], dpi=110)
+    if "png" in paths:
+        fig.savefig(paths["png"], dpi=110)
     buf = io.StringIO()
     # Text as <text>, not glyph outlines: a smaller file whose ids can be searched in the browser.
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         fig.savefig(buf, format="svg")
     svg = _with_titles(buf.getvalue(), graph, nodes)
-    paths["svg"].write_text(svg)
-    paths["html"].write_text(_page(graph, svg))
-    paths["json"].write_text(json.dumps(nx.node_link_data(graph, edges="edges"), indent=1))
-    return paths
+    if "svg" in paths:
+        paths["svg"].write_text(svg)
+    if "html" in paths:
+        paths["html"].write_text(_page(graph, svg))
+    return dict(paths)
+
+
+def write(graph: nx.DiGraph, out: str) -> list[Path]:
+    """`kernel-factory lineage --out`: a path ending in .png, .svg, .html or .json is that one file; an existing
+    folder, a path ending in '/' or one without a suffix is a folder that gets all four (lineage.*); any other
+    suffix is refused, naming the valid ones (docs/edges.md)."""
+    path = Path(out)
+    if path.is_dir() or out.endswith(("/", os.sep)) or not path.suffix:
+        return list(render(graph, path).values())
+    kind = path.suffix.lower().lstrip(".")
+    if kind not in KINDS:
+        raise ConfigError(f"--out {out!r}: a lineage file ends in {', '.join('.' + k for k in KINDS)}; a path "
+                          "without a suffix, or ending in '/', is a folder that gets all four")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return list(draw(graph, {kind: path}).values())
 
 
 def _positions(graph: nx.DiGraph) -> dict[str, np.ndarray]:

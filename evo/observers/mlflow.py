@@ -14,9 +14,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from . import lineage, lineage_image, mlflow_view as view
 from .mlflow_numbers import accounting_metrics, candidate_metrics, source_tags, summary_record
-from .mlflow_store import (Metric, MlflowClient, Param, RunTag, TrackingError, Writer, batches, experiment_id,
-                           flatten, log_table_file, metrics_of, open_tracking, params_of, prepare_ui, tags_of,
-                           tracking_uri)
+from .mlflow_store import (Metric, MlflowClient, Param, RunTag, TrackingError, Writer, batches, check_store,
+                           experiment_id, flatten, log_table_file, metrics_of, open_tracking, params_of, prepare_ui,
+                           tags_of, tracking_uri)
+from ..config import ConfigError
 from .provenance import git_tags
 from ..config import RunConfig
 from ..evaluate import render
@@ -55,6 +56,7 @@ class MlflowObserver:
         self.child_ids: dict[str, str] = {}   # candidate id -> its child run (child_runs only)
         self.writer: Writer | None = None
         self.run: RunInfo | None = None
+        self.offline = False   # the store failed its check and tracking.optional is set: the journal only
         # Set and used on the writer thread only.
         self.client: MlflowClient | None = None
         self.experiment_id = ""
@@ -68,7 +70,25 @@ class MlflowObserver:
         self.llm_generation = dict.fromkeys(LLM_FIGURES, 0.0)
         self.llm_run = dict.fromkeys(LLM_FIGURES, 0.0)
 
+    def preflight(self, run_id: str, resumed: bool) -> bool:
+        """Check the store before the run folder and the first candidate, within mlflow_store.STORE_CHECK_S: one
+        that cannot be written stops the run now (or, with tracking.optional, is left out: returns False). A run id
+        that the store already holds is refused unless resumed, whatever out_dir that run used."""
+        try:
+            out_dir = check_store(self.tracking, self.experiment, self.artifacts, self.problem.name, run_id)
+        except Exception as exc:   # noqa: BLE001 - whatever failed is named in one line
+            self.writer_closed_by_error(exc)
+            self.offline = True
+            return False
+        if out_dir is not None and not resumed:
+            raise ConfigError(f"run id {run_id!r} already exists in the MLflow store {self.store} (a run of out_dir "
+                              f"{out_dir}); a run id names one run in the store as in out_dir: choose another "
+                              f"--run-id, or continue that run with `kernel-factory resume {run_id} --runs {out_dir}`")
+        return True
+
     def on_start(self, run: RunInfo) -> None:
+        if self.offline:
+            return
         self.run = run
         self.writer = Writer()
         self.writer.submit(self._start)
@@ -113,6 +133,12 @@ class MlflowObserver:
     def on_end(self, summary: RunSummary) -> None:
         if self.writer is None:
             return
+        if not self.run.resumed and not self.seen and summary.stop_reason in ("error", "interrupted"):
+            # Stopped during start-up with nothing measured: the run folder goes (run.py), and so does the parent
+            # run, so that the run id is free again rather than refused as one the store holds.
+            self.writer.submit(self._forget)
+            self.writer.close()
+            return
         best_id = summary.best[0].id if summary.best else None
         self.writer.submit(functools.partial(self._log_lineage, tuple(self.seen), best_id))
         self.writer.submit(functools.partial(self._finish, summary, {f"llm_{k}_total": v
@@ -138,7 +164,7 @@ class MlflowObserver:
         run = self.run
         self.client, uri = open_tracking(self.tracking)
         self.experiment_id = experiment_id(self.client, self.experiment, self.artifacts)
-        if self._reattach():   # resume, or a re-run of a run id that died before its journal started
+        if self._reattach():   # resume (preflight refuses a new run under an id the store holds)
             self._monitor(uri)
             return
         warm_runs = sorted(set(run.warm_start_from.values()))
@@ -159,6 +185,12 @@ class MlflowObserver:
         params = flatten(run.config) | {"seed": str(run.seed)}
         self._log_batch(self.parent_id, params=params_of(params))
         self.client.log_text(self.parent_id, json.dumps(run.config, indent=2, default=str), "config.json")
+
+    def _forget(self) -> None:
+        if self.monitor is not None:
+            self.monitor.finish()
+        if self.parent_id:
+            self.client.delete_run(self.parent_id)
 
     def _monitor(self, uri: str) -> None:
         """MLflow's system metrics (GPU utilisation and memory through nvidia-ml-py, CPU, RAM) on the parent run,
@@ -323,9 +355,10 @@ class MlflowObserver:
             self.client.log_text(self.parent_id, summary.lessons, "lessons.md")
         if self.monitor is not None:
             self.monitor.finish()
-        # KILLED: stopped by Ctrl-C or SIGTERM, with what it measured logged; `kernel-factory resume` continues it.
-        self.client.set_terminated(self.parent_id,
-                                   status="KILLED" if summary.stop_reason == "interrupted" else "FINISHED")
+        # KILLED: stopped by Ctrl-C or SIGTERM, FAILED: by an error (a full disk), each with what it measured logged;
+        # `kernel-factory resume` continues either.
+        status = {"interrupted": "KILLED", "error": "FAILED"}.get(summary.stop_reason, "FINISHED")
+        self.client.set_terminated(self.parent_id, status=status)
 
     def _graph(self, results: Sequence[tuple[Candidate, EvalResult]], best_id: str | None) -> Any:
         """This run's lineage, each warm-start seed linked to the run and candidate that bred it."""

@@ -9,11 +9,13 @@ import logging
 import os
 import queue
 import re
+import socket
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
+from urllib.parse import urlsplit
 
 from . import mlflow_view as view
 from ..config import ConfigError
@@ -68,6 +70,69 @@ def open_tracking(tracking: Any) -> tuple[MlflowClient, str]:
 
 class TrackingError(ConfigError):
     """The tracking store cannot be written (read-only, unreachable, broken): one line, raised at the run's start."""
+
+
+# How long the store may take to answer the check before the first candidate. MLflow retries a failing server for
+# minutes, so the check runs on a thread it may outlive. A local SQLite file has no network to wait on (one that
+# cannot be created fails at once in reachable()), but a new one runs MLflow's migrations, seconds on a loaded
+# machine: it gets a hang guard only.
+STORE_CHECK_S = 6.0
+LOCAL_CHECK_S = 120.0
+CONNECT_S = 3.0   # a tracking server's port, tried directly first (MLflow's own client retries for minutes)
+
+
+def probe_store(tracking: Any, experiment: str, artifacts: Path, problem: str, run_id: str) -> str | None:
+    """Open the store, create the experiment if needed and write its UI tags (a real write, which a run makes at its
+    start anyway); return the out_dir recorded by the parent run of `run_id` if the store has one, else None."""
+    reachable(tracking_uri(tracking))
+    client, _ = open_tracking(tracking)
+    exp = experiment_id(client, experiment, artifacts)
+    prepare_ui(client, exp, problem)
+    found = client.search_runs([exp], f"tags.`kf.run_id` = '{run_id}' and tags.`kf.kind` = 'evolution'",
+                               max_results=1)
+    return found[0].data.params.get("out_dir", "?") if found else None
+
+
+def reachable(uri: str | None) -> None:
+    """Fail fast, with the real reason, for the two stores MLflow would retry for minutes: a server whose port does
+    not answer, and a SQLite file that cannot be created. Other URIs are left to the timed check."""
+    if uri is None:
+        return
+    parts = urlsplit(uri)
+    if parts.scheme in ("http", "https"):
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname or "localhost", port), timeout=CONNECT_S).close()
+        except OSError as exc:
+            raise ConnectionError(f"cannot connect to {parts.hostname}:{port}: {exc.strerror or exc}") from None
+    elif parts.scheme == "sqlite" and uri.startswith("sqlite:///") and not uri.startswith("sqlite:///file:"):
+        path = Path(uri[len("sqlite:///"):])
+        if not path.exists():
+            with open(path, "x"):   # OSError names the path and why (a missing folder, a read-only one)
+                pass
+            path.unlink()
+
+
+def check_store(tracking: Any, experiment: str, artifacts: Path, problem: str, run_id: str) -> str | None:
+    """probe_store within its time (STORE_CHECK_S, LOCAL_CHECK_S): its answer, the exception it raised, or
+    TimeoutError."""
+    uri = tracking_uri(tracking)
+    timeout_s = LOCAL_CHECK_S if uri is None or uri.startswith("sqlite:") else STORE_CHECK_S
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["out_dir"] = probe_store(tracking, experiment, artifacts, problem, run_id)
+        except Exception as exc:   # noqa: BLE001 - handed to the caller, who says what failed in one line
+            box["error"] = exc
+    thread = threading.Thread(target=work, name="kf-store-check", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {timeout_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["out_dir"]
 
 
 def ui_command(store: str | os.PathLike[str], artifacts: str | os.PathLike[str], host: str = "127.0.0.1",

@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     lin = sub.add_parser("lineage", help="how a run's best (or a given) candidate came about, step by step")
     lin.add_argument("run_id", help="a run id (its folder under --runs) or the MLflow run id of its parent run")
     lin.add_argument("candidate", nargs="?", help="a candidate id or a unique prefix (default: the run's best)")
-    lin.add_argument("--out", help="also draw the run's lineage here (png, svg, html, json)")
+    lin.add_argument("--out", help="also draw the run's lineage: FILE.png, .svg, .html or .json writes that file; "
+                                 "a folder (existing, ending in /, or without a suffix) gets all four")
     lin.add_argument("--runs", default="runs", help="the runs folder (the config's out_dir)")
     lin.add_argument("--store", default="runs/mlflow.db", help="the MLflow store, to look up an MLflow run id")
     exp = sub.add_parser("export", help="write a dispatch table (best genome per dtype and N) from runs' results")
@@ -194,8 +195,12 @@ def cmd_heldout(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from ..run import resume
-    summary = resume(args.run_id, args.runs)
+    from ..run import Finished, resume
+    try:
+        summary = resume(args.run_id, args.runs)
+    except Finished as done:   # the run's state is what was asked for: one line, exit 0 (docs/edges.md)
+        print(f"kernel-factory: {done}")
+        return 0
     return 0 if summary.best is not None else 1
 
 
@@ -248,8 +253,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         print(graph.graph["replay"])
     print(lineage.format_chain(lineage.chain(graph, found[0])))
     if args.out:
-        paths = lineage_image.render(graph, args.out)
-        print(f"lineage drawn -> {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+        paths = lineage_image.write(graph, args.out)
+        print(f"lineage drawn -> {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return 0
 
 
