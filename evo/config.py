@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
+
+from . import limits, yamltext
 
 
 class ConfigError(Exception):
@@ -274,14 +275,12 @@ def build(cls: type, data: Mapping[str, Any], where: str = "") -> Any:
 
 
 def load_mapping(path: str | Path, what: str = "config file") -> Mapping[str, Any]:
-    """A YAML file's top-level mapping, or a ConfigError that names the file and the problem."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    """A YAML file's top-level mapping, read as strict data (yamltext: UTF-8, size, duplicate keys, aliases), or a
+    ConfigError that names the file and the problem."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
+        data = yamltext.read(Path(path))
+    except yamltext.YamlTextError as exc:
+        raise ConfigError(f"{what} {str(path)!r} {exc}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{what} {str(path)!r} must hold a mapping at the top level")
     return data
@@ -317,7 +316,10 @@ def _apply_override(data: dict[str, Any], text: str) -> None:
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {text!r}: '{key}' is not a mapping")
-    node[keys[-1]] = yaml.safe_load(raw)
+    try:
+        node[keys[-1]] = yamltext.loads(raw)
+    except yamltext.YamlTextError as exc:
+        raise ConfigError(f"override {text!r}: the value {exc}") from None
 
 
 def _check_ranges(cfg: RunConfig) -> None:
@@ -396,8 +398,14 @@ def parse(data: Mapping[str, Any], overrides: tuple[str, ...] = ()) -> RunConfig
     data = copy.deepcopy(dict(data))   # overrides edit the copy; key order is kept (operator order matters)
     for text in overrides:
         _apply_override(data, text)
+    problem = limits.non_finite(data)   # also inside free-form options (evaluator.gpu, operators, space)
+    if problem:
+        raise ConfigError(problem)
     cfg = _build(RunConfig, data, "")
     _check_ranges(cfg)
+    problem = limits.over_limit(cfg)
+    if problem:
+        raise ConfigError(f"{problem} (docs/edges.md, Limits)")
     return cfg
 
 
