@@ -223,7 +223,7 @@ def _decorate(fig: Figure, graph: nx.DiGraph, norm: Normalize, top: str | None) 
         title += f"; best {top} at {graph.nodes[top]['fitness']:.4f}x (bold path: its ancestry)"
     fig.suptitle(title, fontsize=11.5, y=0.985)
     if graph.graph.get("subset"):   # a summary of a large run: say so on the image, not only in the JSON
-        fig.text(0.99, 0.01, graph.graph["subset"], fontsize=10, color="#b00000", ha="right", va="bottom")
+        fig.text(0.01, 0.04, graph.graph["subset"], fontsize=10, color="#b00000", va="bottom")   # above replay's
     if graph.graph.get("replay"):   # replayed fitness: say so on the image itself, not only in the run's tags
         fig.text(0.01, 0.01, graph.graph["replay"], fontsize=10, color="#b00000", weight="bold", va="bottom")
 
