@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -237,6 +238,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, float) and not math.isfinite(value):   # other files (build()) too
+        raise ConfigError(f"config key '{where}' must be a finite number, got {value}")
     if tp is int and isinstance(value, bool):
         raise _type_error(where, tp, value)
     if isinstance(value, tp):

@@ -139,3 +139,15 @@ def test_a_replay_population_larger_than_its_recording_is_refused():
     with pytest.raises(ConfigError, match=r"'search.population' is 5000, more than the \d+ genomes the replayed "
                                           r"recording rmsnorm_fwd-bfloat16-\w+\.jsonl\.gz holds"):
         build.make_evaluator(build.prepare(cfg), "replay")
+
+
+def test_other_yaml_files_refuse_nan_too(tmp_path):
+    """build() reads other commands' files (gap targets, bench suites) with the same checks."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Target:
+        speedup: float
+
+    with pytest.raises(ConfigError, match="'targets.speedup' must be a finite number, got inf"):
+        config.build(Target, {"speedup": float("inf")}, "targets")
