@@ -10,6 +10,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 MAX_FILE_BYTES = 1 << 20     # a config is a page of settings; a bigger file is a mistake (or an attack)
 MAX_VALUES = 10_000          # scalars, lists and mappings once every alias is expanded (a legit config has ~100)
+MAX_EXPANDED_CHARS = 1 << 21   # text of those values: a long string used by many aliases counts each time
 MAX_DEPTH = 32               # nesting of lists and mappings
 # Tags a config may hold once resolved: JSON's kinds. A date, a set or binary would not survive the journal's JSON.
 PLAIN_TAGS = frozenset("tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq", "map"))
@@ -48,9 +49,10 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _expanded(node: Node, sizes: dict[int, int], path: list[int]) -> int:
-    """How many values `node` stands for with every alias written out; a cycle or too many is an error. Sizes are
-    memoised per node, so a chain of aliases doubling at every step costs one visit per node, not 2**n."""
+def _expanded(node: Node, sizes: dict[int, tuple[int, int]], path: list[int]) -> tuple[int, int]:
+    """How many values and characters `node` stands for with every alias written out; a cycle or too many is an
+    error. Sizes are memoised per node, so a chain of aliases that multiplies at every step costs one visit per node,
+    not 9**n."""
     if id(node) in sizes:
         return sizes[id(node)]
     if id(node) in path:
@@ -60,17 +62,18 @@ def _expanded(node: Node, sizes: dict[int, int], path: list[int]) -> int:
                             "which is not plain data; a config holds strings, numbers, true/false, null, lists and "
                             "mappings (quote a date to keep it a string)")
     path.append(id(node))
-    total = 1
-    if isinstance(node, SequenceNode):
-        total += sum(_expanded(child, sizes, path) for child in node.value)
-    elif isinstance(node, MappingNode):
-        total += sum(_expanded(k, sizes, path) + _expanded(v, sizes, path) for k, v in node.value)
+    children = node.value if isinstance(node, SequenceNode) else [n for kv in node.value for n in kv] \
+        if isinstance(node, MappingNode) else []
+    parts = [_expanded(child, sizes, path) for child in children]
     path.pop()
-    if total > MAX_VALUES:
-        raise YamlTextError(f"expands to more than {MAX_VALUES} values at line {node.start_mark.line + 1} (each use "
-                            "of an alias counts its whole value); write a smaller config")
-    sizes[id(node)] = total
-    return total
+    values = 1 + sum(v for v, _ in parts)
+    chars = (len(node.value) if isinstance(node, ScalarNode) else 0) + sum(c for _, c in parts)
+    if values > MAX_VALUES or chars > MAX_EXPANDED_CHARS:
+        raise YamlTextError(f"expands to more than {MAX_VALUES} values or {MAX_EXPANDED_CHARS} characters at line "
+                            f"{node.start_mark.line + 1} (each use of an alias counts its whole value); write a "
+                            "smaller config")
+    sizes[id(node)] = (values, chars)
+    return values, chars
 
 
 def _one_line(exc: yaml.YAMLError) -> str:

@@ -62,9 +62,18 @@ def test_an_alias_bomb_is_refused_before_it_expands(tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text(alias_bomb(9))
     started = time.monotonic()
-    with pytest.raises(ConfigError, match=f"expands to more than {yamltext.MAX_VALUES} values at line"):
+    with pytest.raises(ConfigError, match=f"expands to more than {yamltext.MAX_VALUES} values or"):
         config.load(path)
     assert time.monotonic() - started < 10
+
+
+def test_a_long_string_used_by_many_aliases_counts_each_use(tmp_path):
+    """Few values, many characters: 200 KB written once and used 20 times would be 4 MB in the journal."""
+    path = tmp_path / "long.yaml"
+    path.write_text("problem: rmsnorm_fwd\nevaluator:\n  replay:\n    s: &s " + "x" * 200_000 + "\n"
+                    "    l: [" + ", ".join(["*s"] * 20) + "]\n")
+    with pytest.raises(ConfigError, match=f"or {yamltext.MAX_EXPANDED_CHARS} characters at line 5"):
+        config.load(path)
 
 
 def test_aliases_within_the_limit_still_work(tmp_path):
