@@ -86,7 +86,10 @@ def _one_line(exc: yaml.YAMLError) -> str:
 
 def loads(text: str) -> Any:
     """The data of one YAML document, checked as above; YamlTextError (one line) if it is not strict data."""
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)   # its reader refuses control characters (a NUL) at once, as a YAMLError
+    except yaml.YAMLError as exc:
+        raise YamlTextError(f"is not valid YAML: {_one_line(exc)}") from exc
     try:
         node = loader.get_single_node()
         if node is None:

@@ -1,9 +1,9 @@
 """Config fuzzing (issue 33): generated configs, valid and broken (wrong types, NaN, huge numbers, unknown keys,
-aliases, bad UTF-8, duplicate keys, noise), go through the parser, and a bounded sample through a one-generation
-replay run of the CLI. Every outcome is a config or a clean run, or one line and exit 2: never a traceback, never
-past the hang guard (PARSE_S, RUN_S), never more memory than PARSE_BYTES while parsing.
+aliases, bad UTF-8, duplicate keys, control characters, noise, odd overrides), go through the parser, and a bounded
+sample through a one-generation replay run of the CLI. Every outcome is a config or a clean run, or one line and exit
+2: never a traceback, never past the hang guard (PARSE_S, RUN_S), never more memory than PARSE_BYTES while parsing.
 
-Derandomized with a fixed example count, so that it cannot flake in CI; about a minute on 2 cores."""
+Derandomized with a fixed example count, so that it cannot flake in CI; about half a minute on 2 cores."""
 from __future__ import annotations
 
 import resource
@@ -85,6 +85,8 @@ def breakage(text: str, kind: str, where: int) -> bytes:
         bomb = ["evaluator:", "  replay:", "    a0: &a0 [x, x, x, x, x, x, x, x, x]"]
         bomb += [f"    a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 1 + where % 9)]
         return (text + "\n".join(bomb) + "\n").encode()
+    if kind == "control":   # a NUL, a bell or an escape in the text
+        return (text[:where % (len(text) + 1)] + chr(where % 32) + text[where % (len(text) + 1):]).encode()
     if kind == "truncate":
         return text[:where % (len(text) + 1)].encode()
     if kind == "noise":
@@ -100,7 +102,7 @@ def config_files(draw: Any, plausible: bool = False) -> bytes:
         value = VALUES if not plausible else st.one_of(RUN_VALUES[key], RUN_VALUES[key], RUN_VALUES[key], VALUES)
         set_key(data, key, draw(value))
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-    kinds = ["valid"] * (6 if plausible else 2) + ["latin1", "duplicate", "bomb", "truncate", "noise"]
+    kinds = ["valid"] * (6 if plausible else 2) + ["latin1", "duplicate", "bomb", "control", "truncate", "noise"]
     return breakage(text, draw(st.sampled_from(kinds)), draw(st.integers(0, 10 ** 6)))
 
 
@@ -110,15 +112,17 @@ def one_line(exc: BaseException) -> bool:
 
 @settings(max_examples=500, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(raw=config_files())
-def test_the_parser_gives_a_config_or_one_line(raw: bytes) -> None:
+@given(raw=config_files(), overrides=st.lists(st.one_of(st.text(max_size=30), st.sampled_from(
+    ["search.population=.nan", "search=1", "stop.gpu_s=1.0e+999", "seed=[1", "a..b=2", "=3", "shapes=8x8,8"])),
+    max_size=2))
+def test_the_parser_gives_a_config_or_one_line(raw: bytes, overrides: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fuzz.yaml"
         path.write_bytes(raw)
         started = time.monotonic()
         tracemalloc.start()
         try:
-            cfg = config.load(path)
+            cfg = config.load(path, tuple(overrides))
             build.prepare(cfg)
         except (ConfigError, registry.PluginError) as exc:   # what the CLI turns into one line and exit 2
             assert one_line(exc), str(exc)

@@ -93,6 +93,7 @@ def test_aliases_within_the_limit_still_work(tmp_path):
     ("problem: rmsnorm_fwd\nsearch:\n  population: 4\n  generations: 2\n  population: 8\n",
      "has the key 'population' twice in one mapping (lines 3 and 5)"),
     ("problem: [unclosed\n", "is not valid YAML: line 2, column 1:"),
+    ("problem: rmsnorm\0fwd\n", "is not valid YAML: unacceptable character #x0000"),
 ])
 def test_yaml_that_is_not_strict_data_is_one_line(tmp_path, text, needle):
     path = tmp_path / "c.yaml"
@@ -115,6 +116,8 @@ def test_yaml_that_is_not_strict_data_is_one_line(tmp_path, text, needle):
     ({"shapes": ",".join(["8x8"] * 1025)}, (), "'shapes' lists 1025 shapes; at most 1024"),
     ({"shapes": "8x99999999999"}, (), "'shapes': '8x99999999999' has a size over"),
     ({}, ("search.population=[1",), "override 'search.population=[1': the value is not valid YAML"),
+    ({}, ("out_dir=a\0b",), "the value is not valid YAML: unacceptable character #x0000"),
+    ({}, ("search.wall_clock_s=-1",), "'search.wall_clock_s' must be > 0 (or null for no limit), got -1.0"),
 ])
 def test_numbers_must_be_finite_and_within_the_limits(data, overrides, needle):
     with pytest.raises(ConfigError) as err:
