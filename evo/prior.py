@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -89,22 +90,25 @@ def source_filter(kind: str, gpu: str, recording: str, learn_from: str = "same_k
 
 
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+_QUIET = threading.Lock()
 
 
 @contextlib.contextmanager
 def _no_progress_bar() -> Iterator[None]:
     """MLflow draws a progress bar on stderr for every artifact download, and we read a table per earlier run (warm
     start) and on resume: bars that pile up in the console's progress lines. MLflow reads this variable at each
-    download, so it is switched off around our own reads only; a program that embeds us keeps its own setting."""
-    before = os.environ.get(PROGRESS_BAR)
-    os.environ[PROGRESS_BAR] = "false"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(PROGRESS_BAR, None)
-        else:
-            os.environ[PROGRESS_BAR] = before
+    download, so it is switched off around our own reads only; a program that embeds us keeps its own setting.
+    One read at a time, so that reads from two threads never restore the setting under each other."""
+    with _QUIET:
+        before = os.environ.get(PROGRESS_BAR)
+        os.environ[PROGRESS_BAR] = "false"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(PROGRESS_BAR, None)
+            else:
+                os.environ[PROGRESS_BAR] = before
 
 
 def read_table(client: Any, run_id: str, numbers: bool = True) -> dict[str, list]:
