@@ -57,6 +57,10 @@ def over_limit(cfg: Any) -> str | None:
         sizes = item.rpartition(":")[2].lower().split("x")
         if any(s.strip().isdigit() and int(s) > MAX_DIM for s in sizes):
             return f"config key 'shapes': {item.strip()!r} has a size over {MAX_DIM}"
+    for key in ("m", "n"):   # a workload's row and width ranges: the same cap as a listed shape's sizes
+        bounds = getattr(cfg.workload, key, None)
+        if bounds and max(bounds) > MAX_DIM:
+            return f"config key 'workload.{key}' must stay at most {MAX_DIM}, got {list(bounds)}"
     return None
 
 
