@@ -32,6 +32,7 @@ LIMITS: Mapping[str, int] = {
 MAX_SHAPES = 1_024        # shapes listed in `shapes` ("MxN,MxN,..."), and case keys
 MAX_DIM = 1 << 31         # one size of a listed shape
 MAX_DTYPES = 16           # entries of `dtypes`
+MAX_EXPERIMENT_NAME = 500   # MLflow's own limit, checked here so that the key is named before any run starts
 
 
 def _get(cfg: Any, key: str) -> Any:
@@ -57,6 +58,9 @@ def over_limit(cfg: Any) -> str | None:
         sizes = item.rpartition(":")[2].lower().split("x")
         if any(s.strip().isdigit() and int(s) > MAX_DIM for s in sizes):
             return f"config key 'shapes': {item.strip()!r} has a size over {MAX_DIM}"
+    name = cfg.tracking.experiment
+    if name is not None and len(name) > MAX_EXPERIMENT_NAME:
+        return f"config key 'tracking.experiment' is {len(name)} characters long; at most {MAX_EXPERIMENT_NAME}"
     for key in ("m", "n"):   # a workload's row and width ranges: the same cap as a listed shape's sizes
         bounds = getattr(cfg.workload, key, None)
         if bounds and max(bounds) > MAX_DIM:

@@ -116,6 +116,7 @@ def test_yaml_that_is_not_strict_data_is_one_line(tmp_path, text, needle):
     ({"shapes": ",".join(["8x8"] * 1025)}, (), "'shapes' lists 1025 shapes; at most 1024"),
     ({"shapes": "8x99999999999"}, (), "'shapes': '8x99999999999' has a size over"),
     ({"workload": {"n": [1, 10 ** 30]}}, (), "'workload.n' must stay at most 2147483648"),
+    ({"tracking": {"experiment": "e" * 501}}, (), "'tracking.experiment' is 501 characters long; at most 500"),
     ({}, ("search.population=[1",), "override 'search.population=[1': the value is not valid YAML"),
     ({}, ("out_dir=a\0b",), "the value is not valid YAML: unacceptable character #x0000"),
     ({}, ("search.wall_clock_s=-1",), "'search.wall_clock_s' must be > 0 (or null for no limit), got -1.0"),
