@@ -76,11 +76,14 @@ def _expanded(node: Node, sizes: dict[int, tuple[int, int]], path: list[int]) ->
     return values, chars
 
 
-def _one_line(exc: yaml.YAMLError) -> str:
+def _one_line(exc: yaml.YAMLError, text: str) -> str:
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
-        text = " ".join(p for p in (exc.context, exc.problem) if p)
-        return f"line {mark.line + 1}, column {mark.column + 1}: {text}"
+        what = " ".join(p for p in (exc.context, exc.problem) if p)
+        return f"line {mark.line + 1}, column {mark.column + 1}: {what}"
+    if isinstance(exc, yaml.reader.ReaderError):   # a control character: say where, as a line, not a position
+        line = text[:exc.position].count("\n") + 1
+        return f"line {line}: character #x{exc.character:04x} is not allowed in YAML"
     return " ".join(str(exc).split())
 
 
@@ -89,7 +92,7 @@ def loads(text: str) -> Any:
     try:
         loader = _Loader(text)   # its reader refuses control characters (a NUL) at once, as a YAMLError
     except yaml.YAMLError as exc:
-        raise YamlTextError(f"is not valid YAML: {_one_line(exc)}") from exc
+        raise YamlTextError(f"is not valid YAML: {_one_line(exc, text)}") from exc
     try:
         node = loader.get_single_node()
         if node is None:
@@ -97,7 +100,7 @@ def loads(text: str) -> Any:
         _expanded(node, {}, [])
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
-        raise YamlTextError(f"is not valid YAML: {_one_line(exc)}") from exc
+        raise YamlTextError(f"is not valid YAML: {_one_line(exc, text)}") from exc
     finally:
         loader.dispose()
 

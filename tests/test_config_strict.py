@@ -93,7 +93,7 @@ def test_aliases_within_the_limit_still_work(tmp_path):
     ("problem: rmsnorm_fwd\nsearch:\n  population: 4\n  generations: 2\n  population: 8\n",
      "has the key 'population' twice in one mapping (lines 3 and 5)"),
     ("problem: [unclosed\n", "is not valid YAML: line 2, column 1:"),
-    ("problem: rmsnorm\0fwd\n", "is not valid YAML: unacceptable character #x0000"),
+    ("problem: rmsnorm\0fwd\n", "is not valid YAML: line 1: character #x0000 is not allowed in YAML"),
 ])
 def test_yaml_that_is_not_strict_data_is_one_line(tmp_path, text, needle):
     path = tmp_path / "c.yaml"
@@ -118,7 +118,7 @@ def test_yaml_that_is_not_strict_data_is_one_line(tmp_path, text, needle):
     ({"workload": {"n": [1, 10 ** 30]}}, (), "'workload.n' must stay at most 2147483648"),
     ({"tracking": {"experiment": "e" * 501}}, (), "'tracking.experiment' is 501 characters long; at most 500"),
     ({}, ("search.population=[1",), "override 'search.population=[1': the value is not valid YAML"),
-    ({}, ("out_dir=a\0b",), "the value is not valid YAML: unacceptable character #x0000"),
+    ({}, ("out_dir=a\0b",), "the value is not valid YAML: line 1: character #x0000 is not allowed"),
     ({}, ("search.wall_clock_s=-1",), "'search.wall_clock_s' must be > 0 (or null for no limit), got -1.0"),
 ])
 def test_numbers_must_be_finite_and_within_the_limits(data, overrides, needle):
