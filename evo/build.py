@@ -36,16 +36,22 @@ def _plugin(kind: str, name: str, where: str) -> Any:
 
 def construct(factory: Callable[..., Any], options: Mapping[str, Any], where: str, **fixed: Any) -> Any:
     """Call a plugin's constructor with config options; an unknown option is a ConfigError naming it."""
+    check_options(factory, options, where, fixed)
+    try:
+        return factory(**fixed, **options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"config key '{where}': {exc}") from exc
+
+
+def check_options(factory: Callable[..., Any], options: Mapping[str, Any], where: str,
+                  fixed: Mapping[str, Any] | Sequence[str] = ()) -> None:
+    """A ConfigError naming the first option that `factory` does not take (`fixed`: the names the caller fills)."""
     params = inspect.signature(factory).parameters
     accepted = [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY or (n not in fixed and n != "self")]
     for key in options:
         if key not in params or key in fixed:
             raise ConfigError(f"config key '{where}.{key}' is unknown; valid keys under '{where}': "
                               f"{', '.join(accepted) or 'none'}")
-    try:
-        return factory(**fixed, **options)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"config key '{where}': {exc}") from exc
 
 
 def shapes_of(problem: Problem, spec: str, where: str) -> tuple[tuple[int, ...], ...]:
@@ -194,6 +200,9 @@ def no_gpu_message(cfg: RunConfig, problem: Problem, reason: str, recorded: bool
 def make_evaluator(run: Run, kind: str) -> Evaluator:
     options = run.config.evaluator.gpu if kind == "gpu" else run.config.evaluator.replay
     cls = _plugin("evaluator", kind, "evaluator.kind")
+    for other in {"gpu", "replay"} - {kind}:   # the options of the kind not used are checked all the same
+        check_options(_plugin("evaluator", other, "evaluator.kind"), getattr(run.config.evaluator, other),
+                      f"evaluator.{other}", ("problem", "cases", "baseline", "seed", "out_dir"))
     w, fixed = run.config.workers, {}
     if kind == "gpu" and w.backend != "inline":   # one worker per GPU of the host or of the Ray cluster
         from .evaluate.gpu_pool import PooledGpuEvaluator
@@ -201,6 +210,8 @@ def make_evaluator(run: Run, kind: str) -> Evaluator:
     try:
         evaluator = construct(cls, options, f"evaluator.{kind}", problem=run.problem, cases=run.cases,
                               baseline=run.baseline, seed=run.config.seed, out_dir=run.config.out_dir, **fixed)
+        if kind == "replay":
+            _fits_recording(run.config.search.population, evaluator.rec)
         if kind == "replay" and w.count:   # simulated workers holding each candidate for its recorded time
             from .evaluate.replay_pool import simulate
             evaluator = simulate(evaluator, w.backend, w.count, w.queue_depth, w.time_scale, w.address)
@@ -211,6 +222,14 @@ def make_evaluator(run: Run, kind: str) -> Evaluator:
         if type(exc).__name__ != "RayUnavailable":
             raise
         raise ConfigError(f"config key 'workers.backend': {exc}") from exc
+
+
+def _fits_recording(population: int, rec: Any) -> None:
+    """A replay answers only the genomes its recording holds: a population larger than that could never be filled
+    with distinct candidates (the search would time every recorded genome and then stall), so it is refused."""
+    if population > len(rec.entries):
+        raise ConfigError(f"config key 'search.population' is {population}, more than the {len(rec.entries)} genomes "
+                          f"the replayed recording {rec.path.name} holds; a replay's population may be at most that")
 
 
 def make_observers(run: Run, names: Sequence[str] | None = None) -> list[Observer]:

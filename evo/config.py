@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
+
+from . import limits, yamltext
 
 
 class ConfigError(Exception):
@@ -236,6 +238,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, float) and not math.isfinite(value):   # other files (build()) too
+        raise ConfigError(f"config key '{where}' must be a finite number, got {value}")
     if tp is int and isinstance(value, bool):
         raise _type_error(where, tp, value)
     if isinstance(value, tp):
@@ -274,14 +278,12 @@ def build(cls: type, data: Mapping[str, Any], where: str = "") -> Any:
 
 
 def load_mapping(path: str | Path, what: str = "config file") -> Mapping[str, Any]:
-    """A YAML file's top-level mapping, or a ConfigError that names the file and the problem."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    """A YAML file's top-level mapping, read as strict data (yamltext: UTF-8, size, duplicate keys, aliases), or a
+    ConfigError that names the file and the problem."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
+        data = yamltext.read(Path(path))
+    except yamltext.YamlTextError as exc:
+        raise ConfigError(f"{what} {str(path)!r} {exc}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{what} {str(path)!r} must hold a mapping at the top level")
     return data
@@ -317,7 +319,10 @@ def _apply_override(data: dict[str, Any], text: str) -> None:
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {text!r}: '{key}' is not a mapping")
-    node[keys[-1]] = yaml.safe_load(raw)
+    try:
+        node[keys[-1]] = yamltext.loads(raw)
+    except yamltext.YamlTextError as exc:
+        raise ConfigError(f"override {text!r}: the value {exc}") from None
 
 
 def _check_ranges(cfg: RunConfig) -> None:
@@ -333,6 +338,8 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(f"config key 'search.elitism' must be between 0 and search.population, got {s.elitism}")
     if not 0.0 <= s.init_random <= 1.0:
         raise ConfigError(f"config key 'search.init_random' must be between 0 and 1, got {s.init_random}")
+    if s.wall_clock_s is not None and s.wall_clock_s <= 0:
+        raise ConfigError(f"config key 'search.wall_clock_s' must be > 0 (or null for no limit), got {s.wall_clock_s}")
     if s.max_evaluations is not None and s.max_evaluations < 1:
         raise ConfigError(f"config key 'search.max_evaluations' must be >= 1, got {s.max_evaluations}")
     if sum(op.weight for op in s.operators.values()) <= 0:
@@ -396,8 +403,14 @@ def parse(data: Mapping[str, Any], overrides: tuple[str, ...] = ()) -> RunConfig
     data = copy.deepcopy(dict(data))   # overrides edit the copy; key order is kept (operator order matters)
     for text in overrides:
         _apply_override(data, text)
+    problem = limits.non_finite(data)   # also inside free-form options (evaluator.gpu, operators, space)
+    if problem:
+        raise ConfigError(problem)
     cfg = _build(RunConfig, data, "")
     _check_ranges(cfg)
+    problem = limits.over_limit(cfg)
+    if problem:
+        raise ConfigError(f"{problem} (docs/edges.md, Limits)")
     return cfg
 
 

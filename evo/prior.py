@@ -4,9 +4,11 @@ store for the MLflow observer (observers/mlflow.py, its plumbing in observers/ml
 reads what a killed run had already logged. Only these three modules import mlflow."""
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .history import Record
 from .observers.mlflow_view import TABLE, table_numbers
@@ -14,10 +16,6 @@ from .types import GeneSpace, Status
 
 # MLflow reads this when it loads; a user's own setting wins.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-# MLflow draws a progress bar on stderr for every artifact download (each log_table appends to a downloaded table;
-# warm start reads every earlier run's table): bars that pile up in the console's progress lines. MLflow reads
-# this on each download, so this line, run before any store is read, switches them off for the whole process.
-os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
 
 from mlflow.tracking import MlflowClient  # noqa: E402
 
@@ -91,6 +89,28 @@ def source_filter(kind: str, gpu: str, recording: str, learn_from: str = "same_k
     return f" and tags.`kf.evaluator` = '{kind}' and tags.`kf.env.gpu` = '{gpu}'"
 
 
+PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+_QUIET = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """MLflow draws a progress bar on stderr for every artifact download, and we read a table per earlier run (warm
+    start) and on resume: bars that pile up in the console's progress lines. MLflow reads this variable at each
+    download, so it is switched off around our own reads only; a program that embeds us keeps its own setting.
+    One read at a time, so that reads from two threads never restore the setting under each other."""
+    with _QUIET:
+        before = os.environ.get(PROGRESS_BAR)
+        os.environ[PROGRESS_BAR] = "false"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(PROGRESS_BAR, None)
+            else:
+                os.environ[PROGRESS_BAR] = before
+
+
 def read_table(client: Any, run_id: str, numbers: bool = True) -> dict[str, list]:
     """A parent run's candidate table (candidates.json) as {column: values} ({} when it has none), its numbers as
     floats (None where a candidate has none: a failure's fitness), or as the text it holds (numbers=False)."""
@@ -98,7 +118,7 @@ def read_table(client: Any, run_id: str, numbers: bool = True) -> dict[str, list
     import tempfile
     if TABLE not in {a.path for a in client.list_artifacts(run_id)}:
         return {}
-    with tempfile.TemporaryDirectory(prefix="kf-table-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kf-table-") as tmp, _no_progress_bar():
         data = json.loads(Path(client.download_artifacts(run_id, TABLE, tmp)).read_text())
     table = {name: [row[i] for row in data["data"]] for i, name in enumerate(data["columns"])}
     return table_numbers(table) if numbers else table

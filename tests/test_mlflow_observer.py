@@ -264,19 +264,24 @@ def test_default_logs_a_candidate_table_and_ui_notes_on_the_parent(tmp_path, rms
     assert c["x"].id in text_artifact(client, pid, "lineage.md", tmp_path / "dl")
 
 
-def test_no_artifact_progress_bar_reaches_the_console(tmp_path):
-    """MLflow draws a bar for each artifact download (warm start reads every earlier run's table, log_table appends
-    to a downloaded one); in a run's process none is drawn, whatever the environment says."""
-    (tmp_path / "art").mkdir()
-    (tmp_path / "art" / "candidates.json").write_text(json.dumps({"columns": ["a"], "data": [[1]]}))
-    script = ("import sys; import kernel_factory.evo.prior; "
-              "from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository as Repo; "
-              "print(Repo(sys.argv[1]).download_artifacts('candidates.json', sys.argv[2]))")
-    env = {**os.environ, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "true"}
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "art"), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("candidates.json"), done.stderr
-    assert "Downloading" not in done.stderr and "it/s" not in done.stderr, done.stderr
+@pytest.mark.usefixtures("migrated")
+def test_the_factorys_table_reads_draw_no_progress_bar_and_leave_the_setting(tmp_path, monkeypatch, capfd):
+    """MLflow draws a bar on stderr for each artifact download, and the factory reads a table per earlier run (warm
+    start) and on resume: those reads draw none, while the process's own setting (an embedding program's) stays."""
+    from kernel_factory.evo.prior import PROGRESS_BAR, read_table
+    monkeypatch.setenv(PROGRESS_BAR, "true")
+    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'm.db').resolve()}")
+    exp = client.create_experiment("bars", artifact_location=(tmp_path / "art").as_uri())
+    run_id = client.create_run(exp).info.run_id
+    (tmp_path / "candidates.json").write_text(json.dumps({"columns": ["fitness"], "data": [["1.5000"]]}))
+    client.log_artifact(run_id, str(tmp_path / "candidates.json"))
+    capfd.readouterr()
+    assert read_table(client, run_id) == {"fitness": [1.5]}
+    err = capfd.readouterr().err
+    assert "Downloading" not in err and "it/s" not in err, err
+    assert os.environ[PROGRESS_BAR] == "true"
+    with_bar = client.download_artifacts(run_id, "candidates.json", str(tmp_path))   # not ours: MLflow's own way
+    assert Path(with_bar).is_file() and "Downloading" in capfd.readouterr().err   # proves the test can see a bar
 
 
 @pytest.mark.usefixtures("migrated")

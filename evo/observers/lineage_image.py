@@ -30,6 +30,8 @@ FAILURE_COLOURS = {"compile_error": "#d62728", "incorrect": "#ff7f0e", "crashed"
                    "timeout": "#8c564b", "not_recorded": "#9e9e9e",
                    "suspect": "#e377c2", "infeasible": "#17becf"}
 KINDS = ("png", "svg", "html", "json")   # the drawings, each a file lineage.<kind>
+MAX_DRAWN = 400   # nodes drawn; past it the image shows a named subset (lineage.json still holds every node)
+MAX_INCHES = (40.0, 24.0)   # figure width, height: at 110 dpi at most 4400 x 2640 pixels, whatever the run's size
 SEED_COLOUR = "#0072B2"   # a seed's link to the run that bred it: blue and dashed, apart from parent edges
 # Greens without its near-white end, so that the weakest correct kernel still reads as a filled node.
 FITNESS_CMAP = LinearSegmentedColormap.from_list("kf_fitness", matplotlib.colormaps["Greens"](np.linspace(.3, 1, 64)))
@@ -87,14 +89,15 @@ def draw(graph: nx.DiGraph, paths: Mapping[str, Path]) -> dict[str, Path]:
         paths["json"].write_text(json.dumps(nx.node_link_data(graph, edges="edges"), indent=1))
     if paths.keys() <= {"json"}:
         return dict(paths)
-    fig, nodes = _draw(graph)
+    shown = drawn(graph)
+    fig, nodes = _draw(shown)
     if "png" in paths:
         fig.savefig(paths["png"], dpi=110)
     buf = io.StringIO()
     # Text as <text>, not glyph outlines: a smaller file whose ids can be searched in the browser.
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         fig.savefig(buf, format="svg")
-    svg = _with_titles(buf.getvalue(), graph, nodes)
+    svg = _with_titles(buf.getvalue(), shown, nodes)
     if "svg" in paths:
         paths["svg"].write_text(svg)
     if "html" in paths:
@@ -117,6 +120,29 @@ def write(graph: nx.DiGraph, out: str) -> list[Path]:
     return list(draw(graph, {kind: path}).values())
 
 
+def drawn(graph: nx.DiGraph) -> nx.DiGraph:
+    """The graph to draw: all of it up to MAX_DRAWN nodes. Past that a subset, named on the image: the best's ancestry
+    (nearest generations first), every earlier run's candidate, then the fittest of each generation in turn."""
+    if len(graph) <= MAX_DRAWN:
+        return graph
+    top, ancestry = best(graph), best_ancestry(graph)
+    data = graph.nodes
+    ranked = ([top] if top is not None else []) + sorted(ancestry, key=lambda n: (-data[n]["generation"], n))
+    ranked += sorted((n for n in graph if data[n]["operator"] == ORIGIN), key=str)
+    fitness = {n: -1.0 if data[n]["fitness"] is None else data[n]["fitness"] for n in graph}
+    rank, taken = {}, Counter[int]()
+    for node in sorted(graph, key=lambda n: (-fitness[n], n)):   # its place in its generation, fittest first
+        rank[node] = taken[data[node]["generation"]]
+        taken[data[node]["generation"]] += 1
+    ranked += sorted(graph, key=lambda n: (rank[n], -fitness[n], n))
+    keep = list(dict.fromkeys(ranked))[:MAX_DRAWN]
+    sub = graph.subgraph(keep).copy()
+    sub.graph["whole"] = graph   # the title counts every candidate, not only those drawn
+    sub.graph["subset"] = (f"showing {len(keep)} of {len(graph)} nodes: the best's ancestry, earlier runs' "
+                           "candidates and the fittest of each generation (lineage.json holds every node)")
+    return sub
+
+
 def _positions(graph: nx.DiGraph) -> dict[str, np.ndarray]:
     """One column per generation, the fittest at the top of its column (failures and externals at the bottom)."""
     columns: dict[int, list[str]] = {}
@@ -131,7 +157,8 @@ def _draw(graph: nx.DiGraph) -> tuple[Figure, list[str]]:
     pos, plan = _positions(graph), drawing(graph)
     per_generation = Counter(d["generation"] for _, d in graph.nodes(data=True))
     generations, tallest = sorted(per_generation), max(per_generation.values(), default=1)
-    fig = Figure(figsize=(max(12.0, 1.4 * len(generations) + 3), max(5.0, 0.2 * tallest + 2)))
+    fig = Figure(figsize=(min(MAX_INCHES[0], max(12.0, 1.4 * len(generations) + 3)),
+                          min(MAX_INCHES[1], max(5.0, 0.2 * tallest + 2))))
     FigureCanvasAgg(fig)   # Agg without pyplot: no global backend state, safe on MLflow's writer thread
     ax = fig.add_axes((0.03, 0.07, 0.86, 0.76))
     ancestry, top = best_ancestry(graph), best(graph)
@@ -218,11 +245,13 @@ def _draw_edges(ax: Any, edges: tuple[Edge, ...], pos: Mapping[str, np.ndarray])
 def _decorate(fig: Figure, graph: nx.DiGraph, norm: Normalize, top: str | None) -> None:
     """Title, the status legend and the fitness colour bar."""
     run = graph.graph.get("run_id") or "run"
-    evaluated = [d for _, d in graph.nodes(data=True) if not d["external"]]
+    evaluated = [d for _, d in graph.graph.get("whole", graph).nodes(data=True) if not d["external"]]
     title = f"lineage of {run}: {len(evaluated)} candidates, {len({d['generation'] for d in evaluated})} generations"
     if top is not None:
         title += f"; best {top} at {graph.nodes[top]['fitness']:.4f}x (bold path: its ancestry)"
     fig.suptitle(title, fontsize=11.5, y=0.985)
+    if graph.graph.get("subset"):   # a summary of a large run: say so on the image, not only in the JSON
+        fig.text(0.01, 0.04, graph.graph["subset"], fontsize=10, color="#b00000", va="bottom")   # above replay's
     if graph.graph.get("replay"):   # replayed fitness: say so on the image itself, not only in the run's tags
         fig.text(0.01, 0.01, graph.graph["replay"], fontsize=10, color="#b00000", weight="bold", va="bottom")
 
