@@ -108,6 +108,7 @@ def reachable(uri: str | None) -> None:
     elif parts.scheme == "sqlite" and uri.startswith("sqlite:///") and not uri.startswith("sqlite:///file:"):
         path = Path(uri[len("sqlite:///"):])
         if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)   # as open_store does for tracking.store
             with open(path, "x"):   # OSError names the path and why (a missing folder, a read-only one)
                 pass
             path.unlink()
