@@ -26,7 +26,7 @@ from .lineage import ORIGIN, SHORT_OPERATOR, best, best_ancestry, run_parents, s
 
 FAILURE_COLOURS = {"compile_error": "#d62728", "incorrect": "#ff7f0e", "crashed": "#9467bd",
                    "timeout": "#8c564b", "not_recorded": "#9e9e9e",
-                   "suspect": "#e377c2", "infeasible": "#17becf"}
+                   "suspect": "#e377c2", "infeasible": "#17becf", "cut": "#d9d9a0"}   # cut: outrun by racing
 SEED_COLOUR = "#0072B2"   # a seed's link to the run that bred it: blue and dashed, apart from parent edges
 # Greens without its near-white end, so that the weakest correct kernel still reads as a filled node.
 FITNESS_CMAP = LinearSegmentedColormap.from_list("kf_fitness", matplotlib.colormaps["Greens"](np.linspace(.3, 1, 64)))
