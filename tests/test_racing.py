@@ -1,0 +1,147 @@
+"""Racing on the CPU: the cut rule, replay's charge per leg, a raced replay run (cut candidates recorded with their
+evidence, never as a fitness; less GPU time), resume's top-k, lessons, lineage and the candidate table, accounting's
+compile wait, and the time-to-parity command."""
+import json
+from pathlib import Path
+
+import pytest
+
+from kernel_factory.evo import accounting, config, lessons
+from kernel_factory.evo.evaluate import racing
+from kernel_factory.evo.evaluate.replay import first_leg
+from kernel_factory.evo.history import Record
+from kernel_factory.evo.observers import lineage, mlflow_view
+from kernel_factory.evo.run import JournalCache, execute
+from kernel_factory.evo.tools import parity
+from kernel_factory.evo.types import Candidate, EvalResult, Genome, Status
+
+KEYS = ("bfloat16:1x64", "bfloat16:2x64")
+BASE = {"bfloat16:1x64": 10.0, "bfloat16:2x64": 10.0, "bfloat16:4x64": 10.0}
+
+
+def timed(cid, t, iqr=0.0, keys=KEYS):
+    times = {k: t for k in keys}
+    return EvalResult(cid, Status.OK, 10.0 / t, times, {k: iqr for k in keys}, BASE, gpu_s=1.0)
+
+
+def test_a_candidate_is_cut_only_when_its_bound_stays_below_the_threshold():
+    gaps = [0.0, 0.01, -0.01]   # the cheap cases predicted the full fitness well so far
+    slow = racing.judge(timed("slow", 10.0, 0.05), 1.2, gaps, KEYS, 0.99)
+    assert slow["cut"] and slow["bound_fitness"] < slow["threshold_fitness"] == 1.2
+    assert slow["partial_fitness"] == pytest.approx(1.0) and slow["times_us"] == {k: 10.0 for k in KEYS}
+    close = racing.judge(timed("close", 8.5, 0.05), 1.2, gaps, KEYS, 0.99)
+    assert not close["cut"], "within the bound's reach: timed in full"
+    noisy = racing.judge(timed("noisy", 10.0, 8.0), 1.2, gaps, KEYS, 0.99)
+    assert not noisy["cut"], "a noisy timing widens the bound"
+    misled = racing.judge(timed("slow", 10.0, 0.05), 1.2, [0.3, -0.3, 0.25, -0.2], KEYS, 0.99)
+    assert not misled["cut"], "cheap cases that rank badly widen the bound"
+    cut = racing.cut_result(timed("slow", 10.0), {**slow, "top_k": 3}, 3)
+    assert cut.status is Status.CUT and cut.fitness == 0 and not cut.times_us and cut.race["cut"]
+    assert not cut.status.failed and EvalResult.from_json(json.loads(json.dumps(cut.to_json()))) == cut
+
+
+def test_replay_charges_the_gate_and_the_timed_cases_share_of_the_recorded_time():
+    full = timed("a", 5.0, keys=tuple(BASE))
+    full = EvalResult("a", Status.OK, 2.0, {"bfloat16:1x64": 1.0, "bfloat16:2x64": 1.0, "bfloat16:4x64": 8.0},
+                      {}, BASE, gpu_s=1.0)
+    first = first_leg(full, ["bfloat16:1x64"], 0.25)
+    assert first.gpu_s == pytest.approx(0.25 + 0.75 * 0.1) and set(first.times_us) == {"bfloat16:1x64"}
+    assert first.fitness == pytest.approx(10.0)
+    failed = EvalResult("b", Status.INCORRECT, gpu_s=0.4)
+    assert first_leg(failed, ["bfloat16:1x64"], 0.25) == failed
+
+
+RACE = ("search.racing.enabled=true", "search.racing.cases=6", "search.racing.confidence=0.9",
+        "search.population=12", "search.generations=10", "workers.count=1", "workers.time_scale=0.01")
+
+
+def run(cfg_dict, *overrides):
+    cfg = config.parse({**cfg_dict, "observers": ["journal"]}, overrides)
+    summary = execute(cfg)
+    rows = [json.loads(line) for line in open(Path(cfg.out_dir) / summary.run_id / "journal.jsonl")]
+    return summary, [r for r in rows if r.get("event") == "result"]
+
+
+def test_a_raced_replay_run_records_cuts_as_such_and_spends_less_gpu_time(replay_config):
+    plain, _ = run(replay_config, *RACE[1:])
+    raced, rows = run(replay_config, *RACE)
+    cuts = [r["result"] for r in rows if r["result"]["status"] == "cut"]
+    assert cuts, "the synthetic space has hopeless candidates to cut"
+    for cut in cuts:
+        assert cut["fitness"] == 0 and not cut["times_us"] and cut["gpu_s"] > 0
+        ev = cut["race"]
+        assert ev["cut"] and ev["bound_fitness"] < ev["threshold_fitness"] and len(ev["cases"]) == 6
+    assert raced.evaluations == plain.evaluations and raced.gpu_s < plain.gpu_s
+    assert raced.accounting["cut"] == len(cuts)
+    assert all(res.status is Status.OK for _, res in raced.hall_of_fame if res.fitness > 0)
+    assert raced.best[1].status is Status.OK
+
+
+def test_a_bad_racing_setting_is_one_clear_error(replay_config):
+    with pytest.raises(config.ConfigError, match="search.racing.confidence"):
+        config.parse(replay_config, ("search.racing.confidence=1.5",))
+    with pytest.raises(config.ConfigError, match="'search.racing.lanes' is unknown"):
+        config.parse(replay_config, ("search.racing.lanes=2",))
+
+
+def test_resume_puts_the_journals_full_timings_in_the_race():
+    class Inner:
+        info = None
+
+        def __init__(self):
+            self.learned = []
+
+        def learn(self, results):
+            self.learned += results
+
+        def evaluate(self, candidates):
+            return [EvalResult(c.id, Status.OK) for c in candidates]
+
+    inner = Inner()
+    cands = [Candidate(Genome.of({"a": 1})), Candidate(Genome.of({"a": 2}))]
+    known = {cands[0].id: timed(cands[0].id, 5.0)}
+    JournalCache(inner, known).evaluate(cands)
+    assert [r.candidate_id for r in inner.learned] == [cands[0].id]
+
+
+def test_lessons_never_forbid_a_gene_for_being_cut():
+    recs = [Record(f"c{i}", {"a": 1, "b": i}, False, (), "op", 1, Status.CUT, 0.0, 0.1, "r") for i in range(8)]
+    assert not [lesson for lesson in lessons.learn(recs, []) if lesson.action == "forbid"]
+    failed = [Record(f"f{i}", {"a": 1, "b": i}, False, (), "op", 1, Status.INCORRECT, 0.0, 0.1, "r") for i in range(8)]
+    assert [lesson for lesson in lessons.learn(failed, []) if lesson.action == "forbid"], "the same as failures would"
+
+
+def test_lineage_and_candidate_table_show_a_cut_candidate_without_fitness():
+    ok = (Candidate(Genome.of({"a": 1})), timed(Genome.of({"a": 1}).id, 5.0))
+    cut_cand = Candidate(Genome.of({"a": 2}), parents=(ok[0].id,), generation=1)
+    ev = racing.judge(timed(cut_cand.id, 10.0, 0.01), 1.9, [0.0, 0.01], KEYS, 0.99)
+    cut = racing.cut_result(timed(cut_cand.id, 10.0), {**ev, "top_k": 1}, 3)
+    graph = lineage.build([ok, (cut_cand, cut)])
+    assert graph.nodes[cut_cand.id]["status"] == "cut" and graph.nodes[cut_cand.id]["fitness"] is None
+    assert lineage.best(graph) == ok[0].id
+    table = mlflow_view.candidate_table([ok, (cut_cand, cut)], graph, 3000.0, list(KEYS))
+    row = table["candidate"].index(cut_cand.id)
+    assert table["status"][row] == "cut" and table["fitness"][row] in (None, "") and "cut by racing" in table["why"][row]
+
+
+def test_accounting_reports_gpu_idle_waiting_for_compiles_and_cuts():
+    class Books:
+        def accounting(self):
+            return {"compile_wait_s": 3.0}
+    res = [EvalResult("a", Status.OK, 1.0, {"k": 1.0}, evaluator="gpu", gpu_s=6.0),
+           EvalResult("b", Status.CUT, evaluator="gpu", gpu_s=3.0)]
+    books = accounting.of(Books(), [(Candidate(Genome.of({"a": i})), r) for i, r in enumerate(res)], 20.0)
+    assert books["gpu_idle_compile_s"] == 3.0 and books["gpu_idle_compile_fraction"] == pytest.approx(0.25)
+    assert books["cut"] == 1 and books["evaluated_per_gpu_minute"] == pytest.approx(2 / (9 / 60))
+    assert "GPU idle waiting for compiles 3.0 s (25%)" in accounting.headline(books)
+
+
+def test_time_to_parity_in_replay(replay_config, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({**replay_config, "observers": ["journal"]}))
+    assert parity.main(["--config", str(path), "--budget-gpu-min", "5", "--target", "1.1"]) == 0
+    out = capsys.readouterr().out
+    assert "parity: 1.100x reached after" in out and "replay: the recording's times stand in" in out
+    assert parity.main(["--config", str(path), "--budget-gpu-min", "0.05", "--target", "9"]) == 1
+    assert "not reached in 0.05 simulated GPU-minutes" in capsys.readouterr().out
+    assert parity.main(["--config", str(path), "--budget-gpu-min", "0"]) == 2
