@@ -134,6 +134,9 @@ def test_accounting_reports_gpu_idle_waiting_for_compiles_and_cuts():
     assert books["gpu_idle_compile_s"] == 3.0 and books["gpu_idle_compile_fraction"] == pytest.approx(0.25)
     assert books["cut"] == 1 and books["evaluated_per_gpu_minute"] == pytest.approx(2 / (9 / 60))
     assert "GPU idle waiting for compiles 3.0 s (25%)" in accounting.headline(books)
+    from kernel_factory.evo.observers.mlflow_numbers import accounting_metrics
+    metrics = accounting_metrics(books, res, replay=False)
+    assert metrics["cut_total"] == 1 and metrics["gpu_idle_compile_s"] == 3.0
 
 
 def test_time_to_parity_in_replay(replay_config, tmp_path, capsys):
@@ -145,3 +148,15 @@ def test_time_to_parity_in_replay(replay_config, tmp_path, capsys):
     assert parity.main(["--config", str(path), "--budget-gpu-min", "0.05", "--target", "9"]) == 1
     assert "not reached in 0.05 simulated GPU-minutes" in capsys.readouterr().out
     assert parity.main(["--config", str(path), "--budget-gpu-min", "0"]) == 2
+
+
+def test_the_comparison_command_prints_both_modes_per_seed(replay_config, tmp_path, capsys):
+    from kernel_factory.evo.tools import racing as racing_tool
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({**replay_config, "search": {"population": 12, "generations": 6}}))
+    code = racing_tool.main(["--config", str(path), "--seeds", "3", "-o", "search.racing.cases=6",
+                             "-o", "search.racing.confidence=0.9"])
+    out = capsys.readouterr().out
+    assert code in (0, 1) and "| 3 | off |" in out and "| 3 | on |" in out
+    assert "simulated GPU-min (recorded)" in out and "same final best on" in out
+    assert racing_tool.main(["--config", str(path), "--seeds", "x"]) == 2
