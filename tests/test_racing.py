@@ -157,6 +157,7 @@ def test_the_comparison_command_prints_both_modes_per_seed(replay_config, tmp_pa
     code = racing_tool.main(["--config", str(path), "--seeds", "3", "-o", "search.racing.cases=6",
                              "-o", "search.racing.confidence=0.9"])
     out = capsys.readouterr().out
-    assert code in (0, 1) and "| 3 | off |" in out and "| 3 | on |" in out
-    assert "simulated GPU-min (recorded)" in out and "same final best on" in out
+    assert code in (0, 1) and "| 3 | off | 84 | 0 |" in out and "| 3 | on | 84 |" in out
+    assert "| 3 | on | 84 | 0 |" not in out, "racing cut some candidates"
+    assert "simulated GPU-min (recorded)" in out and "racing's final best: the same on" in out
     assert racing_tool.main(["--config", str(path), "--seeds", "x"]) == 2

@@ -12,12 +12,14 @@ import argparse
 import statistics
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from .. import build
+from .. import build, journal
 from .. import config as config_mod
 from ..config import ConfigError
 from ..run import execute
+from ..types import Status
 
 
 def seeds_of(text: str) -> list[int]:
@@ -35,7 +37,8 @@ def row(cfg: config_mod.RunConfig, seed: int, raced: bool) -> dict[str, Any]:
     search = replace(cfg.search, racing=replace(cfg.search.racing, enabled=raced))
     summary = execute(replace(cfg, seed=seed, search=search, observers=("journal",)))
     minutes = summary.gpu_s / 60
-    cut = summary.accounting.get("cut", 0)
+    run = journal.read(Path(cfg.out_dir) / summary.run_id / journal.NAME)
+    cut = sum(1 for e in run.results if e.result.status is Status.CUT)
     return {"seed": seed, "racing": raced, "evaluations": summary.evaluations, "gpu_min": minutes,
             "per_gpu_min": summary.evaluations / minutes if minutes > 0 else 0.0, "cut": cut,
             "best": summary.best[1].fitness if summary.best else 0.0,
@@ -44,15 +47,17 @@ def row(cfg: config_mod.RunConfig, seed: int, raced: bool) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]], replay: bool) -> str:
     unit = "simulated GPU-min (recorded)" if replay else "GPU-min"
-    out = [f"| seed | racing | candidates | {unit} | candidates per {unit} | best |", "|---|---|---|---|---|---|"]
-    out += [f"| {r['seed']} | {'on' if r['racing'] else 'off'} | {r['evaluations']} | {r['gpu_min']:.3f} | "
-            f"{r['per_gpu_min']:.0f} | {r['best']:.4f}x `{r['best_id']}` |" for r in rows]
+    out = [f"| seed | racing | candidates | cut | {unit} | candidates per {unit} | best |",
+           "|---|---|---|---|---|---|---|"]
+    out += [f"| {r['seed']} | {'on' if r['racing'] else 'off'} | {r['evaluations']} | {r['cut']} | "
+            f"{r['gpu_min']:.3f} | {r['per_gpu_min']:.0f} | {r['best']:.4f}x `{r['best_id']}` |" for r in rows]
     off = [r for r in rows if not r["racing"]]
     on = [r for r in rows if r["racing"]]
     same = sum(a["best"] == b["best"] for a, b in zip(off, on))
+    better = sum(b["best"] > a["best"] for a, b in zip(off, on))
     out.append(f"\nmedian candidates per {unit}: {statistics.median(r['per_gpu_min'] for r in off):.0f} full timing, "
-               f"{statistics.median(r['per_gpu_min'] for r in on):.0f} racing; same final best on {same} of "
-               f"{len(off)} seeds")
+               f"{statistics.median(r['per_gpu_min'] for r in on):.0f} racing; racing's final best: the same on "
+               f"{same}, better on {better}, worse on {len(off) - same - better} of {len(off)} seeds")
     return "\n".join(out)
 
 
