@@ -161,3 +161,43 @@ def test_the_comparison_command_prints_both_modes_per_seed(replay_config, tmp_pa
     assert "| 3 | on | 84 | 0 |" not in out, "racing cut some candidates"
     assert "simulated GPU-min (recorded)" in out and "racing's final best: the same on" in out
     assert racing_tool.main(["--config", str(path), "--seeds", "x"]) == 2
+
+
+def test_a_raced_run_killed_and_resumed_races_as_the_uninterrupted_one(tmp_path, synthetic_recording):
+    """Resume answers cut candidates from the journal and puts the journal's full timings back into the race, so
+    the re-executed run cuts exactly what the uninterrupted one cut, with the same evidence."""
+    import signal
+    import subprocess
+    import sys
+    import yaml
+    cli = [sys.executable, "-m", "kernel_factory.evo.tools.cli"]
+    forked = Path(__file__).with_name("forked_cli.py")
+
+    def cfg(folder):
+        folder.mkdir(parents=True)
+        data = {"problem": "rmsnorm_fwd", "seed": 4, "out_dir": str(folder / "runs"), "observers": ["journal"],
+                "search": {"population": 12, "generations": 8,
+                           "racing": {"enabled": True, "cases": 6, "confidence": 0.9}},
+                "evaluator": {"kind": "replay", "replay": {"recording": str(synthetic_recording)}}}
+        (folder / "run.yaml").write_text(yaml.safe_dump(data))
+        return folder / "run.yaml"
+
+    def outcomes(folder):
+        rows = [json.loads(line) for line in open(folder / "runs" / "raced" / "journal.jsonl")]
+        return [(r["candidate"]["id"], r["result"]["status"], r["result"].get("race")) for r in rows
+                if r.get("event") == "result"]
+    ref = subprocess.run([*cli, "run", str(cfg(tmp_path / "ref")), "--run-id", "raced"], capture_output=True,
+                         text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    killed = cfg(tmp_path / "killed")
+    for point, args in (("journal:40", ["run", str(killed), "--run-id", "raced"]),
+                        ("journal:45", ["resume", "raced", "--runs", str(tmp_path / "killed" / "runs")])):
+        died = subprocess.run([sys.executable, str(forked), point, *args], capture_output=True, text=True,
+                              timeout=300)
+        assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+    done = subprocess.run([*cli, "resume", "raced", "--runs", str(tmp_path / "killed" / "runs")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    want = outcomes(tmp_path / "ref")
+    assert any(status == "cut" for _, status, _ in want)
+    assert outcomes(tmp_path / "killed") == want
