@@ -1,6 +1,7 @@
 """A run's books on where the time went: GPU-seconds per GPU (worker), host compile seconds, the ready queue's
-depth over time, LLM tokens, the GPU's idle time waiting for compiles, racing's cuts, and the throughput in candidates gated and timed per GPU-minute, both per busy
-GPU-minute (the worker's own time) and per held GPU-minute (GPUs x wall clock: what idling costs shows here).
+depth over time, LLM tokens, the GPU's idle time waiting for compiles, racing's cuts, and the throughput in
+candidates gated and timed per GPU-minute, both per busy GPU-minute (the worker's own time) and per held GPU-minute
+(GPUs x wall clock: what idling costs shows here).
 The summary, the journal's end record and MLflow carry it."""
 from __future__ import annotations
 

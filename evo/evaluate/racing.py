@@ -50,7 +50,8 @@ def judge(first: EvalResult, kth: float, gaps: Sequence[float], keys: Sequence[s
     """The race's evidence for one candidate timed on `keys`: its partial fitness, the optimistic bound on its full
     fitness (one-sided at `confidence`), the threshold (the k-th best full fitness) and `cut`."""
     mine = partial_fitness(first, keys)
-    noise = math.sqrt(sum((SIGMA_PER_IQR * first.iqr_us.get(k, 0.0) / first.times_us[k]) ** 2 for k in keys)) / len(keys)
+    relative = [SIGMA_PER_IQR * first.iqr_us.get(k, 0.0) / first.times_us[k] for k in keys]
+    noise = math.sqrt(sum(r ** 2 for r in relative)) / len(keys)
     sigma = math.sqrt(statistics.pvariance(gaps) + noise ** 2)
     z = statistics.NormalDist().inv_cdf(confidence)
     bound = mine * math.exp(statistics.fmean(gaps) + z * sigma)
@@ -94,7 +95,7 @@ class RacingEvaluator:
         with self._lock:
             known = {r.candidate_id for r in self.full}
             self.full += [r for r in results if r.status is Status.OK and r.fitness > 0 and r.candidate_id not in known
-                          and all(k in r.times_us for k in self.keys)]
+                          and all(k in r.times_us for k in self.keys) and partial_fitness(r, self.keys) > 0]
 
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
         if len(self.keys) >= self.total:   # nothing to save: the cheap cases are all of them

@@ -37,8 +37,8 @@ def build(results: Iterable[tuple[Candidate, EvalResult]], run_id: str = "", bes
     for cand, res in pairs:
         # A cut candidate (racing) has no fitness: only its evidence, never a number to compare.
         graph.add_node(cand.id, generation=cand.generation, status=res.status.value,
-                       fitness=None if res.status is Status.CUT else res.fitness, operator=cand.operator, genes=cand.genome.gene_dict, patch=cand.genome.patch_dict,
-                       external=False)
+                       fitness=None if res.status is Status.CUT else res.fitness, operator=cand.operator,
+                       genes=cand.genome.gene_dict, patch=cand.genome.patch_dict, external=False)
     for cand, _ in pairs:
         for parent in cand.parents:
             if parent not in graph:
