@@ -73,9 +73,11 @@ def headline(books: Mapping[str, Any]) -> str:
     what = "simulated workers (recorded latencies)" if books.get("simulated") else "GPU worker(s)"
     raced = (f", {books['cut']} cut by racing ({books['evaluated_per_gpu_minute']:.0f} gated candidates per busy "
              f"GPU-minute)") if books.get("cut") else ""
+    # Only a live GPU worker waits for compiles (a replay's answers need none).
+    idle = "" if books.get("simulated") else (f", GPU idle waiting for compiles {books['gpu_idle_compile_s']:.1f} s "
+                                              f"({100 * books['gpu_idle_compile_fraction']:.0f}%)")
     return (f"throughput: {books['timed_per_held_gpu_minute']:.0f} timed candidates per held GPU-minute on "
             f"{books['workers']} {what} ({books['timed_per_gpu_minute']:.0f} per busy GPU-minute), "
             f"host compile {books['compile_s_host']:.1f} s, ready queue mean {books['queue_depth']['mean']:.1f} "
             f"of {books['queue_depth']['limit']}, LLM tokens {books['llm_tokens']['prompt']}+"
-            f"{books['llm_tokens']['completion']}{raced}, GPU idle waiting for compiles "
-            f"{books.get('gpu_idle_compile_s', 0.0):.1f} s ({100 * books.get('gpu_idle_compile_fraction', 0.0):.0f}%)")
+            f"{books['llm_tokens']['completion']}{raced}{idle}")

@@ -202,3 +202,17 @@ def test_a_raced_run_killed_and_resumed_races_as_the_uninterrupted_one(tmp_path,
     want = outcomes(tmp_path / "ref")
     assert any(status == "cut" for _, status, _ in want)
     assert outcomes(tmp_path / "killed") == want
+
+
+def test_the_gpu_evaluator_counts_the_time_its_worker_waits_for_compiles():
+    import time
+    from kernel_factory.evo.evaluate.gpu import GpuEvaluator
+    ev = GpuEvaluator.__new__(GpuEvaluator)   # no GPU here: only the counting is under test
+    ev.compile_wait_s = 0.0
+
+    def slow_compiles():
+        for i in range(3):
+            time.sleep(0.02)
+            yield i
+    assert list(ev._waited(slow_compiles())) == [0, 1, 2]
+    assert ev.compile_wait_s >= 0.06   # each sleep is at least what it asked for
