@@ -216,3 +216,56 @@ def test_the_gpu_evaluator_counts_the_time_its_worker_waits_for_compiles():
             yield i
     assert list(ev._waited(slow_compiles())) == [0, 1, 2]
     assert ev.compile_wait_s >= 0.06   # each sleep is at least what it asked for
+
+
+class LegsHandle:
+    """Stands in for gpu.WorkerHandle without a GPU: answers every eval request with the cases it asks for, and
+    keeps the requests, so that a test sees what each racing leg sent."""
+
+    made: list = []
+
+    def __init__(self, setup, setup_timeout_s=600.0, env=None):
+        self.setup = setup
+        self.ready = {"baseline_us": {k: 10.0 for k in setup["bench_cases"]}, "copy_gbps": 3000.0,
+                      "fingerprint": {"gpu": "fake"}}
+        self.restarts, self.requests = 0, []
+        LegsHandle.made.append(self)
+
+    def ask(self, request, deadline_s):
+        self.requests.append(request)
+        cases = request.get("cases", self.setup["bench_cases"])
+        return {"op": "result", "status": "ok", "times_us": {k: 5.0 for k in cases}, "iqr_us": {k: 0.1 for k in cases},
+                "gpu_s": 0.01 * len(cases)}
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_the_gpu_evaluators_legs_gate_once_and_time_each_case_once(monkeypatch, tmp_path, rmsnorm, bench_cases, pooled):
+    from kernel_factory.evo.evaluate import gpu, gpu_pool
+    monkeypatch.setattr(gpu, "gpu_unavailable_reason", lambda: None)
+    monkeypatch.setattr(gpu, "WorkerHandle", LegsHandle)
+    monkeypatch.setattr(gpu_pool, "WorkerHandle", LegsHandle)
+    monkeypatch.setattr(gpu_pool, "local_devices", lambda gpus: ["0"])
+    LegsHandle.made = []
+    cases = bench_cases[:3]
+    if pooled:
+        ev = gpu_pool.PooledGpuEvaluator(rmsnorm, cases, "torch_eager", 0, str(tmp_path),
+                                         workers=config.WorkersConfig(backend="local"))
+    else:
+        ev = gpu.GpuEvaluator(rmsnorm, cases, "torch_eager", 0, str(tmp_path))
+    try:
+        cand = Candidate(Genome.of(next(rmsnorm.space.enumerate())))
+        keys = [cases[0].key]
+        (first,) = ev.time_first([cand], keys)
+        (rest,) = ev.time_rest([cand], [first])
+        plain = ev.evaluate([Candidate(Genome.of(list(rmsnorm.space.enumerate())[1]))])[0]
+    finally:
+        ev.close()
+    sent = [r for h in LegsHandle.made for r in h.requests if r["id"] == cand.id]
+    assert [r.get("cases") for r in sent] == [keys, [c.key for c in cases[1:]]]
+    assert [r.get("gate", True) for r in sent] == [True, False], "the second leg is not gated again"
+    assert set(first.times_us) == set(keys) and set(rest.times_us) == {c.key for c in cases}
+    assert rest.fitness == pytest.approx(2.0) and rest.gpu_s == pytest.approx(0.02)
+    assert set(plain.times_us) == {c.key for c in cases}, "outside a race, every case is timed"

@@ -194,7 +194,7 @@ class GpuEvaluator:
         self.seen = binary.SeenBinaries()
         self.cubins: dict[str, dict[str, bytes]] = {}
         self.compile_wait_s = 0.0             # the worker free, waiting for a compile (accounting)
-        self._legs: dict[str, Any] = {}       # racing's first leg: the cases the worker times
+        self._leg = threading.local()         # racing's first leg, per calling thread (steady search): its cases
 
     def start_workers(self, setup: dict[str, Any]) -> "WorkerHandle":
         """The worker the candidates go to: one process on this machine's default GPU (gpu_pool.py overrides)."""
@@ -257,11 +257,16 @@ class GpuEvaluator:
 
     def time_first(self, candidates: Sequence[Candidate], cases: Sequence[str]) -> list[EvalResult]:
         """Racing's first leg: the whole gate, then timing on `cases` only (the worker's "cases")."""
-        self._legs = {"cases": list(cases)}
+        self._leg.request = {"cases": list(cases)}
         try:
             return self.evaluate(candidates)
         finally:
-            self._legs = {}
+            self._leg.request = {}
+
+    @property
+    def _legs(self) -> dict[str, Any]:
+        """What this thread's eval requests add: racing's first leg's cases, or nothing."""
+        return getattr(self._leg, "request", {})
 
     def time_rest(self, candidates: Sequence[Candidate], first: Sequence[EvalResult]) -> list[EvalResult]:
         """Racing's second leg: every benchmark case not timed in the first, no second gate (the same binaries)."""
