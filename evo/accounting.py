@@ -1,6 +1,7 @@
 """A run's books on where the time went: GPU-seconds per GPU (worker), host compile seconds, the ready queue's
-depth over time, LLM tokens, and the throughput in candidates gated and timed per GPU-minute, both per busy
-GPU-minute (the worker's own time) and per held GPU-minute (GPUs x wall clock: what idling costs shows here).
+depth over time, LLM tokens, the GPU's idle time waiting for compiles, racing's cuts, and the throughput in
+candidates gated and timed per GPU-minute, both per busy GPU-minute (the worker's own time) and per held GPU-minute
+(GPUs x wall clock: what idling costs shows here).
 The summary, the journal's end record and MLflow carry it."""
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import statistics
 from typing import Any, Mapping, Sequence
 
-from .types import Candidate, EvalResult
+from .types import Candidate, EvalResult, Status
 
 LLM_USAGE_NOTE = "llm/usage.json"   # the note an LLM operator leaves on its candidate (observers/mlflow.py reads it)
 DEPTH_SAMPLES = 200                 # queue-depth samples kept in the summary (evenly thinned)
@@ -38,10 +39,12 @@ def of(evaluator: Any, pairs: Sequence[tuple[Candidate, EvalResult]], wall_s: fl
     simulated = bool(books.get("simulated"))
     counted = [r for r in results if r.gpu_s > 0 and (r.evaluator == "gpu" or simulated)]
     timed = sum(1 for r in counted if r.times_us)
+    cut = sum(1 for r in counted if r.status is Status.CUT)   # racing: gated, timed on the cheap cases, outrun
     workers = {name: w["busy_s"] for name, w in books.get("workers", {}).items()}
     if not workers:   # the inline worker: its time is what its results say
         workers = {"gpu0": sum(r.gpu_s for r in results if r.evaluator == "gpu")}
     busy = sum(workers.values())
+    idle = float(books.get("compile_wait_s", 0.0))   # the GPU worker free, waiting for the next compile
     depths = [d for _, d in books.get("queue_depth", [])]
     step = max(1, len(books.get("queue_depth", [])) // DEPTH_SAMPLES)
     return {
@@ -56,6 +59,9 @@ def of(evaluator: Any, pairs: Sequence[tuple[Candidate, EvalResult]], wall_s: fl
         "timed": timed, "wall_s": round(wall_s, 3),
         "timed_per_gpu_minute": timed / (busy / 60) if busy > 0 else 0.0,
         "timed_per_held_gpu_minute": timed / (len(workers) * wall_s / 60) if wall_s > 0 and timed else 0.0,
+        "cut": cut, "evaluated_per_gpu_minute": (timed + cut) / (busy / 60) if busy > 0 else 0.0,
+        "gpu_idle_compile_s": round(idle, 3),
+        "gpu_idle_compile_fraction": round(idle / (idle + busy), 4) if idle + busy > 0 else 0.0,
         **({"baseline": dict(books["baseline"])} if books.get("baseline") else {}),
     }
 
@@ -65,8 +71,13 @@ def headline(books: Mapping[str, Any]) -> str:
     if not books.get("timed"):
         return ""
     what = "simulated workers (recorded latencies)" if books.get("simulated") else "GPU worker(s)"
+    raced = (f", {books['cut']} cut by racing ({books['evaluated_per_gpu_minute']:.0f} gated candidates per busy "
+             f"GPU-minute)") if books.get("cut") else ""
+    # Only a live GPU worker waits for compiles (a replay's answers need none).
+    idle = "" if books.get("simulated") else (f", GPU idle waiting for compiles {books['gpu_idle_compile_s']:.1f} s "
+                                              f"({100 * books['gpu_idle_compile_fraction']:.0f}%)")
     return (f"throughput: {books['timed_per_held_gpu_minute']:.0f} timed candidates per held GPU-minute on "
             f"{books['workers']} {what} ({books['timed_per_gpu_minute']:.0f} per busy GPU-minute), "
             f"host compile {books['compile_s_host']:.1f} s, ready queue mean {books['queue_depth']['mean']:.1f} "
             f"of {books['queue_depth']['limit']}, LLM tokens {books['llm_tokens']['prompt']}+"
-            f"{books['llm_tokens']['completion']}")
+            f"{books['llm_tokens']['completion']}{raced}{idle}")

@@ -197,7 +197,8 @@ def no_gpu_message(cfg: RunConfig, problem: Problem, reason: str, recorded: bool
             f"-o evaluator.replay.recording=PATH")
 
 
-def make_evaluator(run: Run, kind: str) -> Evaluator:
+def make_evaluator(run: Run, kind: str, race: bool = True) -> Evaluator:
+    """The run's evaluator; race=False leaves racing out (a recording needs every case of every genome)."""
     options = run.config.evaluator.gpu if kind == "gpu" else run.config.evaluator.replay
     cls = _plugin("evaluator", kind, "evaluator.kind")
     for other in {"gpu", "replay"} - {kind}:   # the options of the kind not used are checked all the same
@@ -215,7 +216,7 @@ def make_evaluator(run: Run, kind: str) -> Evaluator:
         if kind == "replay" and w.count:   # simulated workers holding each candidate for its recorded time
             from .evaluate.replay_pool import simulate
             evaluator = simulate(evaluator, w.backend, w.count, w.queue_depth, w.time_scale, w.address)
-        return evaluator
+        return racing(run, evaluator) if race else evaluator
     except ValueError as exc:   # ReplayError and friends: the config asks for something the data cannot give
         raise ConfigError(f"config key 'evaluator': {exc}") from exc
     except RuntimeError as exc:   # ray_backend.RayUnavailable: not installed, or no cluster at the address
@@ -230,6 +231,19 @@ def _fits_recording(population: int, rec: Any) -> None:
     if population > len(rec.entries):
         raise ConfigError(f"config key 'search.population' is {population}, more than the {len(rec.entries)} genomes "
                           f"the replayed recording {rec.path.name} holds; a replay's population may be at most that")
+
+
+def racing(run: Run, evaluator: Evaluator) -> Evaluator:
+    """The evaluator behind racing when search.racing.enabled (evaluate/racing.py); else as it is."""
+    if not run.config.search.racing.enabled:
+        return evaluator
+    from .evaluate.racing import RacingEvaluator
+    from .protocols import Races
+    if not isinstance(evaluator, Races):
+        evaluator.close()
+        raise ConfigError(f"config key 'search.racing.enabled': the {evaluator.info.kind} evaluator cannot time in "
+                          f"two legs; set it to false")
+    return RacingEvaluator(evaluator, run.config.search.racing, run.problem, run.cases)
 
 
 def make_observers(run: Run, names: Sequence[str] | None = None) -> list[Observer]:

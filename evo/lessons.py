@@ -42,8 +42,9 @@ def _keys(genes: Mapping[str, GeneValue]) -> list[Key]:
 def _failure_lessons(records: Sequence[Record]) -> list[Lesson]:
     statuses: dict[Key, dict[Status, int]] = defaultdict(lambda: defaultdict(int))
     for rec in records:
-        if rec.patched or rec.status is Status.NOT_RECORDED:
-            continue   # a patch's failure is the patch's, not the genes'
+        # a patch's failure is the patch's, not the genes'; a cut candidate did not fail (it was outrun)
+        if rec.patched or rec.status in (Status.NOT_RECORDED, Status.CUT):
+            continue
         for key in _keys(rec.genes):
             statuses[key][rec.status] += 1
     out = []

@@ -293,6 +293,20 @@ class Retimes(Protocol):
 
 
 @runtime_checkable
+class Races(Protocol):
+    """An evaluator that can time in two legs (racing, evaluate/racing.py): time_first gates each candidate in full
+    and times it on `cases` only (the result's times_us holds those cases, its gpu_s what that leg cost);
+    time_rest times candidates that passed it on every other benchmark case, without gating them again, and
+    returns the whole result (all cases; gpu_s the second leg's cost)."""
+
+    def time_first(self, candidates: Sequence[Candidate], cases: Sequence[str]) -> list[EvalResult]:
+        ...
+
+    def time_rest(self, candidates: Sequence[Candidate], first: Sequence[EvalResult]) -> list[EvalResult]:
+        ...
+
+
+@runtime_checkable
 class RecordedSpace(Protocol):
     """An evaluator that answers only within a space of its own (a replay: what its recording covers)."""
 

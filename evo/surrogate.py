@@ -40,7 +40,8 @@ class Surrogate:
 
     def fit(self, records: Sequence[Record], min_ok: int) -> bool:
         """Train on unpatched records; returns False (and predicts nothing) until min_ok successes exist."""
-        usable = [r for r in records if not r.patched and r.status is not Status.NOT_RECORDED]
+        # a cut candidate was outrun, not measured: no target for the model
+        usable = [r for r in records if not r.patched and r.status not in (Status.NOT_RECORDED, Status.CUT)]
         if sum(r.status is Status.OK for r in usable) < min_ok:
             self.weights = None
             return False

@@ -38,10 +38,14 @@ class Status(str, enum.Enum):
     LLM_ERROR = "llm_error"          # the model endpoint failed (timeout, errors after retries, budget spent)
     SUSPECT = "suspect"              # correct, but timed faster than the roofline allows even after a re-check
     INFEASIBLE = "infeasible"        # a child the problem's rule refused before compiling (the rule's reason)
+    # Racing (evaluate/racing.py): passed the gate, timed on the cheap cases only, and cut because it could not reach
+    # the running top-k there. Not a failure and not a fitness: its evidence is EvalResult.race.
+    CUT = "cut"
 
     @property
     def failed(self) -> bool:
-        return self is not Status.OK
+        """Something went wrong with the candidate (a cut one did not fail: it was outrun)."""
+        return self not in (Status.OK, Status.CUT)
 
 
 @dataclass(frozen=True)
@@ -296,6 +300,9 @@ class EvalResult:
     evaluator: str = ""
     gpu_s: float = 0.0
     flags: tuple[str, ...] = ()      # facts that do not fail a candidate but must be seen (binary contradicts genes)
+    # A cut candidate's evidence (status cut): the cases timed, their times and IQRs, the bound and the threshold.
+    # Its times stay out of times_us, so that nothing takes them for a measured fitness or a case champion.
+    race: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = {"candidate_id": self.candidate_id, "status": self.status.value, "fitness": self.fitness,
@@ -305,6 +312,8 @@ class EvalResult:
                "evaluator": self.evaluator, "gpu_s": self.gpu_s}
         if self.flags:
             out["flags"] = list(self.flags)
+        if self.race:
+            out["race"] = dict(self.race)
         return out
 
     @staticmethod
@@ -314,7 +323,7 @@ class EvalResult:
                           dict(data.get("baseline_us", {})), dict(data.get("gbps", {})),
                           {k: BuildInfo(**v) for k, v in data.get("build", {}).items()},
                           data.get("message", ""), data.get("evaluator", ""), float(data.get("gpu_s", 0.0)),
-                          tuple(data.get("flags", ())))
+                          tuple(data.get("flags", ())), dict(data.get("race") or {}))
 
 
 def geomean_speedup(times_us: Mapping[str, float], baseline_us: Mapping[str, float]) -> float:

@@ -3,13 +3,15 @@ that is restarted after a fault and killed past a watchdog deadline. Fitness is 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import re
 import subprocess
 import threading
+import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from ..config import ConfigError
 from . import binary, render, sass, static_check, worker
@@ -191,6 +193,8 @@ class GpuEvaluator:
         self._evaluated = 0
         self.seen = binary.SeenBinaries()
         self.cubins: dict[str, dict[str, bytes]] = {}
+        self.compile_wait_s = 0.0             # the worker free, waiting for a compile (accounting)
+        self._leg = threading.local()         # racing's first leg, per calling thread (steady search): its cases
 
     def start_workers(self, setup: dict[str, Any]) -> "WorkerHandle":
         """The worker the candidates go to: one process on this machine's default GPU (gpu_pool.py overrides)."""
@@ -233,12 +237,59 @@ class GpuEvaluator:
                 owner.setdefault(job.key, []).append((cand, dt))
                 jobs.append(job)
         built: dict[str, dict[str, CompileOutput]] = {c.id: {} for c in candidates}
-        for out in self.compiler.compile_many(_unique(jobs)):
+        for out in self._waited(self.compiler.compile_many(_unique(jobs))):
             for cand, dt in owner[out.key]:
                 built[cand.id][dt] = out
                 if len(built[cand.id]) == len(self.dtypes) and cand.id not in results:
                     results[cand.id] = self._run(cand, built[cand.id])
         return [results[c.id] for c in candidates]
+
+    def _waited(self, outputs: Iterator[CompileOutput]) -> Iterator[CompileOutput]:
+        """The compile outputs, counting the time the worker sat free waiting for the next one (the pool compiles
+        the whole batch ahead of the worker; this is what it could not hide)."""
+        while True:
+            begin = time.monotonic()
+            out = next(outputs, None)
+            self.compile_wait_s += time.monotonic() - begin
+            if out is None:
+                return
+            yield out
+
+    def time_first(self, candidates: Sequence[Candidate], cases: Sequence[str]) -> list[EvalResult]:
+        """Racing's first leg: the whole gate, then timing on `cases` only (the worker's "cases")."""
+        self._leg.request = {"cases": list(cases)}
+        try:
+            return self.evaluate(candidates)
+        finally:
+            self._leg.request = {}
+
+    @property
+    def _legs(self) -> dict[str, Any]:
+        """What this thread's eval requests add: racing's first leg's cases, or nothing."""
+        return getattr(self._leg, "request", {})
+
+    def time_rest(self, candidates: Sequence[Candidate], first: Sequence[EvalResult]) -> list[EvalResult]:
+        """Racing's second leg: every benchmark case not timed in the first, no second gate (the same binaries)."""
+        out = []
+        for cand, f in zip(candidates, first):
+            rest = [c.key for c in self.cases if c.key not in f.times_us]
+            if not rest:   # a binary timed in full before (reused): nothing more to spend
+                out.append(dataclasses.replace(f, gpu_s=0.0))
+                continue
+            cubins = self.cubins.get(cand.id) or self.compiled(cand)   # a reused binary kept none of its own
+            if cubins is None:
+                out.append(EvalResult(cand.id, Status.COMPILE_ERROR, build=f.build, evaluator="gpu",
+                                      message="the binaries timed in the first leg no longer compile"))
+                continue
+            self._evaluated += 1
+            reply = self.worker.ask({"op": "eval", "id": cand.id, "genes": cand.genome.gene_dict,
+                                     "cubins": cubins, "cases": rest, "gate": False,
+                                     "seed": hash_seed(self.seed, cand.id, self._evaluated)}, self.deadline_s())
+            if reply.get("status") == Status.OK.value:   # the whole result: both legs' cases
+                reply = {**reply, "times_us": {**f.times_us, **reply["times_us"]},
+                         "iqr_us": {**f.iqr_us, **reply.get("iqr_us", {})}}
+            out.append(self.result(cand.id, reply, f.build, f.flags))
+        return out
 
     def before_gpu(self, cand: Candidate, outputs: Mapping[str, Any]) -> tuple[EvalResult | None, dict, dict, str]:
         """What is known before the GPU: (a final result, or None when the binary must be run; the build info; the
@@ -263,8 +314,8 @@ class GpuEvaluator:
         else:
             self._evaluated += 1
             reply = self.worker.ask({"op": "eval", "id": cand.id, "genes": cand.genome.gene_dict,
-                                     "cubins": cubins, "seed": hash_seed(self.seed, cand.id, self._evaluated)},
-                                    self.deadline_s())
+                                     "cubins": cubins, "seed": hash_seed(self.seed, cand.id, self._evaluated),
+                                     **self._legs}, self.deadline_s())
             result = self.result(cand.id, reply, build, self.sass_flags(cand, outputs))
             if result.status is Status.OK:
                 self.cubins[cand.id] = cubins
@@ -334,7 +385,7 @@ class GpuEvaluator:
         return self.worker.restarts
 
     def accounting(self) -> dict[str, Any]:
-        return {"baseline": self.baselines.books()}
+        return {"baseline": self.baselines.books(), "compile_wait_s": self.compile_wait_s}
 
     def close(self) -> None:
         self.worker.close()

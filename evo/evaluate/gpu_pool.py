@@ -138,8 +138,8 @@ class PooledGpuEvaluator(GpuEvaluator):
             return EvalResult(cand.id, Status.REJECTED, build=build, evaluator="gpu", message=refused)
         # Keyed by what the GPU would run: a binary-identical twin in flight shares the first one's answer.
         request = {"op": "eval", "id": cand.id, "genes": cand.genome.gene_dict, "cubins": cubins,
-                   "seed": hash_seed(self.seed, cand.id), "deadline_s": self.deadline_s()}
-        future = self.pool.submit(key, request)
+                   "seed": hash_seed(self.seed, cand.id), "deadline_s": self.deadline_s(), **self._legs}
+        future = self.pool.submit(key + (":first" if self._legs else ""), request)   # racing's first leg: its own
         self._first.setdefault(key, cand.id)
         self.cubins.setdefault(cand.id, cubins)
         return future, key, build, self.sass_flags(cand, outputs)

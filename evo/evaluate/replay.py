@@ -70,8 +70,11 @@ class ReplayEvaluator:
     """
 
     def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
-                 recording: str | None = None, compile_patches: bool = True, recorded_failures: bool = True):
-        self.problem, self.cases = problem, tuple(cases)
+                 recording: str | None = None, compile_patches: bool = True, recorded_failures: bool = True,
+                 gate_share: float = 0.25):
+        if not 0.0 <= gate_share < 1.0:
+            raise ReplayError(f"evaluator.replay.gate_share must be in [0, 1), got {gate_share}")
+        self.problem, self.cases, self.gate_share = problem, tuple(cases), gate_share
         found = choose_recording(problem, cases, recording)
         self.rec = recording_mod.expand(found, problem.space)
         # The search is limited to what the recording measured (genes added since are held at their defaults).
@@ -162,7 +165,30 @@ class ReplayEvaluator:
                           {k: rec.iqr_us.get(k, 0.0) for k in times}, self.baseline_us, gbps, rec.build,
                           "", "replay", rec.gpu_s)
 
+    def time_first(self, candidates: Sequence[Candidate], cases: Sequence[str]) -> list[EvalResult]:
+        """Racing's first leg from the recording: the gate's share of the recorded GPU time plus the timing share
+        of `cases` (each case's share of the timing is its share of the recorded time); the rest goes to time_rest."""
+        return [first_leg(r, cases, self.gate_share) for r in self.evaluate(candidates)]
+
+    def time_rest(self, candidates: Sequence[Candidate], first: Sequence[EvalResult]) -> list[EvalResult]:
+        return [dataclasses.replace(r, gpu_s=max(0.0, r.gpu_s - f.gpu_s))
+                for r, f in zip(self.evaluate(candidates), first)]
+
     def close(self) -> None:
         if self._compiler is not None:
             self._compiler.close()
             self._compiler = None
+
+
+def first_leg(full: EvalResult, cases: Sequence[str], gate_share: float) -> EvalResult:
+    """What timing only `cases` (after the whole gate) would have cost and shown, from a full recorded result. A
+    failure was found by the gate or on the way: it is charged in full."""
+    if full.status is not Status.OK or not full.times_us:
+        return full
+    total = sum(full.times_us.values())
+    share = sum(full.times_us[k] for k in cases) / total if total > 0 else 1.0
+    times = {k: full.times_us[k] for k in cases}
+    return dataclasses.replace(
+        full, fitness=geomean_speedup(times, {k: full.baseline_us[k] for k in cases}), times_us=times,
+        iqr_us={k: full.iqr_us.get(k, 0.0) for k in cases}, gbps={k: full.gbps[k] for k in cases if k in full.gbps},
+        gpu_s=full.gpu_s * (gate_share + (1.0 - gate_share) * share))

@@ -25,6 +25,20 @@ class PooledReplay:
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
         with self._lock:
             results = self.inner.evaluate(candidates)
+        return self._hold(results)
+
+    def time_first(self, candidates: Sequence[Candidate], cases: Sequence[str]) -> list[EvalResult]:
+        with self._lock:
+            results = self.inner.time_first(candidates, cases)
+        return self._hold(results)
+
+    def time_rest(self, candidates: Sequence[Candidate], first: Sequence[EvalResult]) -> list[EvalResult]:
+        with self._lock:
+            results = self.inner.time_rest(candidates, first)
+        return self._hold(results)
+
+    def _hold(self, results: list[EvalResult]) -> list[EvalResult]:
+        """The pool's workers hold each result for the GPU time it charges (racing: each leg's own)."""
         timed = [(r.candidate_id, {"op": "eval", "id": r.candidate_id, "gpu_s": r.gpu_s * self.time_scale})
                  for r in results if r.gpu_s > 0]
         self.pool.map(timed)

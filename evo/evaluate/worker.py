@@ -4,7 +4,8 @@ reports the candidate as crashed and exits; the parent (gpu.py) restarts it, and
 must pass a known-good kernel through the full gate before it answers anything.
 
 Messages over a multiprocessing Pipe, all plain dicts:
-  parent -> worker: {"op": "setup", ...}, {"op": "eval", ...}, {"op": "retime", ...}, {"op": "stop"}
+  parent -> worker: {"op": "setup", ...}, {"op": "eval", ...} (racing: "cases", "gate"), {"op": "retime", ...},
+                    {"op": "stop"}
   worker -> parent: {"op": "ready", ...}, {"op": "error", ...}, {"op": "result", ...}
 """
 from __future__ import annotations
@@ -207,13 +208,16 @@ class Bench:
         genes = req["genes"]
         modules = {dt: launcher.Module(cubin, self.problem.kernel_name) for dt, cubin in req["cubins"].items()}
         rng = random.Random(req["seed"])
+        # Racing (evaluate/racing.py): "cases" times only those benchmark cases; "gate": false skips the gate for a
+        # second leg of the same binaries, which passed it in the first.
+        timed = [c for c in self.bench_cases if "cases" not in req or c.key in req["cases"]]
         try:
-            for case in self.check_cases:
+            for case in self.check_cases if req.get("gate", True) else ():
                 self.gate_case(modules[case.dtype], genes, case, rng)
             if req.get("check_only"):
                 return {"status": Status.OK.value, "message": "passed the gate (not timed)"}
             times, iqrs, graphs = {}, {}, []
-            for case in self.bench_cases:
+            for case in timed:
                 timing = self.time_case(modules[case.dtype], genes, case, rng)
                 if timing.median_us < self.floor_us(case):
                     timing = self.roofline_recheck(modules[case.dtype], genes, case, rng)

@@ -13,7 +13,7 @@ import networkx as nx
 
 from .. import journal
 from ..protocols import replay_note
-from ..types import Candidate, EvalResult, GeneValue
+from ..types import Candidate, EvalResult, GeneValue, Status
 
 EXTERNAL = "external"   # the status of a parent that this run did not evaluate
 ORIGIN = "origin"       # the operator of a node that stands for an earlier run's candidate (a seed's origin)
@@ -35,9 +35,10 @@ def build(results: Iterable[tuple[Candidate, EvalResult]], run_id: str = "", bes
             pairs.append((cand, res))
     graph = nx.DiGraph(run_id=run_id, best=best_id, replay=replay)
     for cand, res in pairs:
-        graph.add_node(cand.id, generation=cand.generation, status=res.status.value, fitness=res.fitness,
-                       operator=cand.operator, genes=cand.genome.gene_dict, patch=cand.genome.patch_dict,
-                       external=False)
+        # A cut candidate (racing) has no fitness: only its evidence, never a number to compare.
+        graph.add_node(cand.id, generation=cand.generation, status=res.status.value,
+                       fitness=None if res.status is Status.CUT else res.fitness, operator=cand.operator,
+                       genes=cand.genome.gene_dict, patch=cand.genome.patch_dict, external=False)
     for cand, _ in pairs:
         for parent in cand.parents:
             if parent not in graph:
@@ -103,7 +104,7 @@ def best(graph: nx.DiGraph) -> str | None:
     if named in graph and not graph.nodes[named]["external"]:
         return named
     evaluated = [n for n, d in graph.nodes(data=True) if not d["external"]]
-    return max(evaluated, key=lambda n: graph.nodes[n]["fitness"]) if evaluated else None
+    return max(evaluated, key=lambda n: _known(graph.nodes[n]["fitness"])) if evaluated else None
 
 
 def best_ancestry(graph: nx.DiGraph) -> set[str]:

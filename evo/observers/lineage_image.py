@@ -28,7 +28,7 @@ from .lineage import ORIGIN, SHORT_OPERATOR, best, best_ancestry, run_parents, s
 
 FAILURE_COLOURS = {"compile_error": "#d62728", "incorrect": "#ff7f0e", "crashed": "#9467bd",
                    "timeout": "#8c564b", "not_recorded": "#9e9e9e",
-                   "suspect": "#e377c2", "infeasible": "#17becf"}
+                   "suspect": "#e377c2", "infeasible": "#17becf", "cut": "#d9d9a0"}   # cut: outrun by racing
 KINDS = ("png", "svg", "html", "json")   # the drawings, each a file lineage.<kind>
 MAX_DRAWN = 400   # nodes drawn; past it the image shows a named subset (lineage.json still holds every node)
 MAX_INCHES = (40.0, 24.0)   # figure width, height: at 110 dpi at most 4400 x 2640 pixels, whatever the run's size

@@ -43,7 +43,11 @@ def accounting_metrics(books: Mapping[str, Any], results: Sequence[EvalResult], 
             "queue_depth_max": books["queue_depth"]["max"], "worker_respawns": books["respawns"],
             "llm_tokens_prompt": books["llm_tokens"]["prompt"],
             "llm_tokens_completion": books["llm_tokens"]["completion"],
-            f"{sim}timed_per_held_gpu_minute": books["timed_per_held_gpu_minute"]}
+            f"{sim}timed_per_held_gpu_minute": books["timed_per_held_gpu_minute"],
+            "cut_total": books.get("cut", 0),
+            f"{sim}evaluated_per_gpu_minute": books.get("evaluated_per_gpu_minute", 0),
+            "gpu_idle_compile_s": books.get("gpu_idle_compile_s", 0),
+            "gpu_idle_compile_fraction": books.get("gpu_idle_compile_fraction", 0)}
     if any(books["gpu_s_per_worker"].values()):   # a replay's inline "worker" is no GPU: it held none
         out[f"{sim}workers"] = books["workers"]
     if replay:

@@ -44,7 +44,7 @@ def record(cfg: RunConfig, out: Path, sample: int | None = None, sample_seed: in
     run = build.prepare(cfg)
     build.need_gpu(cfg, "record")
     genomes, rule = sampled_space(run.problem.space, sample, sample_seed)
-    evaluator = build.make_evaluator(run, "gpu")
+    evaluator = build.make_evaluator(run, "gpu", race=False)
     assert isinstance(evaluator, GpuEvaluator)
     header = {"problem": run.problem.name, "problem_version": run.problem.version,
               "space": {g.name: list(g.choices) for g in run.problem.space.genes},

@@ -42,7 +42,7 @@ def add_gpu_failures(cfg: RunConfig, path: str | Path, out: str | Path) -> tuple
     if progress.done:
         print(f"record --outside-rule: {len(progress.done)} measured before ({progress.partial}), "
               f"{len(todo)} to go", file=sys.stderr)
-    evaluator = build.make_evaluator(run, "gpu")
+    evaluator = build.make_evaluator(run, "gpu", race=False)
     if progress.done:   # this session's machine, beside the earlier one's (the note's fingerprint)
         progress.add_resume({"fingerprint": dict(evaluator.info.fingerprint), "recorded_before": len(progress.done)})
     try:

@@ -101,3 +101,17 @@ def test_the_baseline_is_timed_like_a_candidate_and_again_during_the_run(tmp_pat
     assert books["gpu_s"] > 0 and all(0.5 < g < 2.0 for g in books["relative_to_first"]), books
     bases = [tuple(sorted(r.baseline_us.items())) for r in results]
     assert len(set(bases)) == len(cands), "each candidate is taken against its own, fresh baseline measurement"
+
+
+def test_racing_legs_gate_once_and_time_the_cases_asked(evaluator):
+    """Racing on the GPU: the first leg gates in full and times only the cases asked; the second times the rest
+    without a second gate, and the whole result holds every case, with each leg's own GPU time."""
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    cand = Candidate(Genome.of({**problem.space.defaults(), "vec_bytes": 8}), operator="test")
+    keys = [c.key for c in CASES[:1]]
+    (first,) = evaluator.time_first([cand], keys)
+    assert first.status is Status.OK and set(first.times_us) == set(keys) and first.gpu_s > 0
+    (rest,) = evaluator.time_rest([cand], [first])
+    assert rest.status is Status.OK and set(rest.times_us) == {c.key for c in CASES}
+    assert rest.times_us[keys[0]] == first.times_us[keys[0]] and rest.fitness > 0 and rest.gpu_s > 0
+    assert evaluator.accounting()["compile_wait_s"] >= 0
