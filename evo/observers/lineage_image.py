@@ -121,25 +121,28 @@ def write(graph: nx.DiGraph, out: str) -> list[Path]:
 
 
 def drawn(graph: nx.DiGraph) -> nx.DiGraph:
-    """The graph to draw: all of it up to MAX_DRAWN nodes. Past that a subset, named on the image: the best's ancestry
-    (nearest generations first), every earlier run's candidate, then the fittest of each generation in turn."""
+    """The graph to draw: all of it up to MAX_DRAWN nodes. Past that a subset, named on the image: the best, the
+    fittest of each generation, the best's ancestry (nearest generations first: in a long run it can be most of
+    the graph), every earlier run's candidate, then the next fittest of each generation in turn."""
     if len(graph) <= MAX_DRAWN:
         return graph
     top, ancestry = best(graph), best_ancestry(graph)
     data = graph.nodes
-    ranked = ([top] if top is not None else []) + sorted(ancestry, key=lambda n: (-data[n]["generation"], n))
-    ranked += sorted((n for n in graph if data[n]["operator"] == ORIGIN), key=str)
     fitness = {n: -1.0 if data[n]["fitness"] is None else data[n]["fitness"] for n in graph}
     rank, taken = {}, Counter[int]()
     for node in sorted(graph, key=lambda n: (-fitness[n], n)):   # its place in its generation, fittest first
         rank[node] = taken[data[node]["generation"]]
         taken[data[node]["generation"]] += 1
-    ranked += sorted(graph, key=lambda n: (rank[n], -fitness[n], n))
+    by_rank = sorted(graph, key=lambda n: (rank[n], -fitness[n], n))
+    ranked = ([top] if top is not None else []) + [n for n in by_rank if rank[n] == 0]
+    ranked += sorted(ancestry, key=lambda n: (-data[n]["generation"], n))
+    ranked += sorted((n for n in graph if data[n]["operator"] == ORIGIN), key=str)
+    ranked += by_rank
     keep = list(dict.fromkeys(ranked))[:MAX_DRAWN]
     sub = graph.subgraph(keep).copy()
     sub.graph["whole"] = graph   # the title counts every candidate, not only those drawn
-    sub.graph["subset"] = (f"showing {len(keep)} of {len(graph)} nodes: the best's ancestry, earlier runs' "
-                           "candidates and the fittest of each generation (lineage.json holds every node)")
+    sub.graph["subset"] = (f"showing {len(keep)} of {len(graph)} nodes: the best, the fittest of each generation, "
+                           "the best's ancestry and earlier runs' candidates (lineage.json holds every node)")
     return sub
 
 
