@@ -6,12 +6,14 @@ are reported as skipped with the reason.
 from __future__ import annotations
 
 import gc
+import json
 import math
 import random
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kernel_factory.evo.evaluate import recording
 from kernel_factory.evo.types import BuildInfo, Case, EvalResult, Genome, Status
@@ -87,6 +89,23 @@ def bench_cases(rmsnorm) -> list[Case]:
 def synthetic_recording(tmp_path_factory, rmsnorm, bench_cases) -> Path:
     return write_synthetic_recording(tmp_path_factory.mktemp("rec") / "rmsnorm_fwd-synthetic.jsonl.gz", rmsnorm,
                                      bench_cases)
+
+
+def config_writer(folder: Path, base: dict):
+    """A function that writes `base` edited (keyword a__b for key a.b) to a new run-N.yaml in folder, returning
+    its path."""
+    def write(**edits) -> Path:
+        cfg = json.loads(json.dumps(base))
+        for key, value in edits.items():
+            *path, last = key.split("__")
+            node = cfg
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
+        path = folder / f"run-{len(list(folder.glob('run-*.yaml')))}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+    return write
 
 
 @pytest.fixture

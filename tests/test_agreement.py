@@ -1,6 +1,5 @@
 """The search's fitness against its own A/B re-time: the agreement of each finalist, the figure the run reports
 (A/B, with a warning when they disagree), the baseline's measurements during a run, and the agreement table."""
-import io
 import json
 import math
 import random

@@ -121,6 +121,32 @@ def peak_from_now() -> int:
     return resident_peak()
 
 
+def one_line(exc: BaseException) -> bool:
+    return "\n" not in str(exc) and "Traceback" not in str(exc)
+
+
+@settings(max_examples=500, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(raw=config_files(), overrides=st.lists(st.one_of(st.text(max_size=30), st.sampled_from(
+    ["search.population=.nan", "search=1", "stop.gpu_s=1.0e+999", "seed=[1", "a..b=2", "=3", "shapes=8x8,8"])),
+    max_size=2))
+def test_the_parser_gives_a_config_or_one_line(raw: bytes, overrides: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fuzz.yaml"
+        path.write_bytes(raw)
+        started = time.monotonic()
+        tracemalloc.start()
+        try:
+            cfg = config.load(path, tuple(overrides))
+            build.prepare(cfg)
+        except (ConfigError, registry.PluginError) as exc:   # what the CLI turns into one line and exit 2
+            assert one_line(exc), str(exc)
+        finally:
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+        assert time.monotonic() - started < PARSE_S and peak < PARSE_BYTES, (time.monotonic() - started, peak)
+
+
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])

@@ -1,14 +1,13 @@
 """The edges a user hits (issue 19), on CPU: file-system errors, interrupted runs, run ids, stopping rules, exit
 codes, tracking anywhere MLflow goes. Each test drives the real CLI or run over a small replay run."""
 import errno
-import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
+from conftest import config_writer
 from kernel_factory.evo import config as config_mod
 from kernel_factory.evo.journal import records as journal_records
 from kernel_factory.evo.observers import journal
@@ -29,19 +28,7 @@ def run_yaml(tmp_path, replay_config, empty_store):
     """Write the replay config (with its store in place) and return a function that writes an edited copy."""
     (tmp_path / "runs").mkdir()
     shutil.copy(empty_store, tmp_path / "runs" / "mlflow.db")
-
-    def write(**edits) -> Path:
-        cfg = json.loads(json.dumps(replay_config))
-        for key, value in edits.items():
-            node = cfg
-            *path, last = key.split("__")
-            for part in path:
-                node = node.setdefault(part, {})
-            node[last] = value
-        path = tmp_path / f"run-{len(list(tmp_path.glob('run-*.yaml')))}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        return path
-    return write
+    return config_writer(tmp_path, replay_config)
 
 
 def parent_run(tmp_path: Path, run_id: str, db: str = "runs/mlflow.db"):

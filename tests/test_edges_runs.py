@@ -3,7 +3,6 @@ MLflow store already holds, a lineage drawn to a file, the empty run folder of a
 that cannot be written or reached, a disk that fills mid-run, `resume` of a finished run, `check`'s output, and the
 screenshot code writing only where it is told. Each drives the real CLI over a small replay run."""
 import errno
-import json
 import os
 import re
 import socket
@@ -11,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
+from conftest import config_writer
 from kernel_factory.evo import build
 from kernel_factory.evo.journal import records as journal_records
 from kernel_factory.evo.observers import journal as journal_observer
@@ -26,18 +25,7 @@ STORE_LIMIT_S = 10.0
 @pytest.fixture
 def write_config(tmp_path, replay_config):
     """Write the replay config, edited (keys a__b for a.b), and return its path."""
-    def write(**edits) -> Path:
-        cfg = json.loads(json.dumps(replay_config))
-        for key, value in edits.items():
-            *path, last = key.split("__")
-            node = cfg
-            for part in path:
-                node = node.setdefault(part, {})
-            node[last] = value
-        path = tmp_path / f"run-{len(list(tmp_path.glob('run-*.yaml')))}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        return path
-    return write
+    return config_writer(tmp_path, replay_config)
 
 
 def parents(store: Path, run_id: str) -> list:

@@ -3,7 +3,6 @@ record; after an MLflow child run, before the table lists it), and resumed each 
 uninterrupted run of the same seed: the same candidates in the same order, none
 evaluated twice, the same final population and hall of fame, and MLflow consistent with the journal."""
 import json
-import os
 import random
 import signal
 import subprocess
