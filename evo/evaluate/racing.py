@@ -3,16 +3,18 @@ docs/racing.md).
 
 Every candidate passes the whole gate (correctness is never cut). It is then timed on the `cases` cheapest
 benchmark cases (fewest bytes moved), and cut when, on those cases, even its optimistic bound cannot reach the
-`top_k`-th best fully timed candidate so far:
+`top_k`-th best fully timed candidate so far. The bound is calibrated on this run's fully timed candidates (how
+far their fitness on the cheap cases was from their full fitness) plus the candidate's own timing noise:
 
-    d     = mean over the cheap cases of log(t_kth / t_mine)        (> 0: mine is faster there)
-    sigma = sqrt(sum over the cases of r_mine^2 + r_kth^2) / n,  r = IQR / (1.349 t)   (a sample's relative spread)
-    cut   when  d + z(confidence) * sigma < 0                        (one-sided)
+    partial = geomean speedup over the cheap cases
+    g_i     = log(full_i / partial_i) over the fully timed candidates i           (the cheap cases' bias)
+    noise   = sqrt(sum over the cases of r^2) / n,  r = IQR / (1.349 t)            (a sample's relative spread)
+    bound   = partial * exp(mean(g) + z(confidence) * sqrt(var(g) + noise^2))     (one-sided)
+    cut     when  bound < the top_k-th best full fitness
 
-r is a single sample's spread, not the median's standard error, so the bound is wider than the noise of the medians:
-a cut says "slower on the cheap cases, beyond the timer's noise". That the cheap cases rank like all of them is
-the race's assumption; docs/racing.md says how the replay comparison checks it. Survivors are timed on every
-case, and only they can join the top-k. A cut result has status cut, fitness 0, no times_us, and its evidence in
+Nothing is cut before `warmup` (and `top_k`) candidates are fully timed. That the cheap cases rank like all of them
+is the race's assumption, and the calibration measures it; docs/racing.md says how the replay comparison checks it.
+Survivors are timed on every case, and only they can join the top-k. A cut result has status cut, fitness 0, no times_us, and its evidence in
 EvalResult.race.
 """
 from __future__ import annotations
