@@ -14,8 +14,8 @@ far their fitness on the cheap cases was from their full fitness) plus the candi
 
 Nothing is cut before `warmup` (and `top_k`) candidates are fully timed. That the cheap cases rank like all of them
 is the race's assumption, and the calibration measures it; docs/racing.md says how the replay comparison checks it.
-Survivors are timed on every case, and only they can join the top-k. A cut result has status cut, fitness 0, no times_us, and its evidence in
-EvalResult.race.
+Survivors are timed on every case, and only they can join the top-k. A cut result has status cut, fitness 0, no
+times_us, and its evidence in EvalResult.race.
 """
 from __future__ import annotations
 
