@@ -10,10 +10,12 @@
 #      that runs all 11 rows: Liger refuses N above 65536)
 #   heldout (carry .int21, after c): the forward campaign's held-out bench with every peer
 #   bench-bf16 (carry .int21, after c): the forward bf16 benchmark rows with every peer, QuACK tuned included
+#   racing (after b): the live quickstart with racing off and on, 3 seeds each (python -m
+#      kernel_factory.evo.tools.racing): candidates per GPU-minute and the final best, measured (issue 32)
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
-stage="${1:?usage: trust.sh a|b|c|heldout|bench-bf16}"
+stage="${1:?usage: trust.sh a|b|c|heldout|bench-bf16|racing}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -59,5 +61,11 @@ bench-bf16)
   timeout 500 kernel-factory bench --problem rmsnorm_fwd --table kernels/ops/rmsnorm_fwd.json --dtypes bfloat16 \
     --reps 20 --out "$RES/bench" --stem fwd-bf16 2>&1 | tail -n 6
   ;;
-*) echo "trust.sh: unknown stage $stage (a, b, c, heldout or bench-bf16)" >&2; exit 2 ;;
+racing)
+  KF_PEERS=liger setup
+  timeout 540 python3 -m kernel_factory.evo.tools.racing --config configs/quickstart.yaml --seeds 0-2 \
+    -o "out_dir=$RES/racing-runs" > "$RES/racing.txt" 2> "$RES/racing.log"; tail -n 12 "$RES/racing.txt"
+  rm -rf "$RES/racing-runs/cache" "$RES/racing-runs/artifacts"
+  ;;
+*) echo "trust.sh: unknown stage $stage (a, b, c, heldout, bench-bf16 or racing)" >&2; exit 2 ;;
 esac
