@@ -358,8 +358,8 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(f"config key 'search.elitism' must be between 0 and search.population, got {s.elitism}")
     if not 0.0 <= s.init_random <= 1.0:
         raise ConfigError(f"config key 'search.init_random' must be between 0 and 1, got {s.init_random}")
-    if s.wall_clock_s is not None and s.wall_clock_s <= 0:
-        raise ConfigError(f"config key 'search.wall_clock_s' must be > 0 (or null for no limit), got {s.wall_clock_s}")
+    if s.wall_clock_s is not None and s.wall_clock_s < 0:   # 0: stop after the first generation
+        raise ConfigError(f"config key 'search.wall_clock_s' must be >= 0 (or null for no limit), got {s.wall_clock_s}")
     if s.max_evaluations is not None and s.max_evaluations < 1:
         raise ConfigError(f"config key 'search.max_evaluations' must be >= 1, got {s.max_evaluations}")
     if sum(op.weight for op in s.operators.values()) <= 0:

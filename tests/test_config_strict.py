@@ -119,7 +119,7 @@ def test_yaml_that_is_not_strict_data_is_one_line(tmp_path, text, needle):
     ({"tracking": {"experiment": "e" * 501}}, (), "'tracking.experiment' is 501 characters long; at most 500"),
     ({}, ("search.population=[1",), "override 'search.population=[1': the value is not valid YAML"),
     ({}, ("out_dir=a\0b",), "the value is not valid YAML: line 1: character #x0000 is not allowed"),
-    ({}, ("search.wall_clock_s=-1",), "'search.wall_clock_s' must be > 0 (or null for no limit), got -1.0"),
+    ({}, ("search.wall_clock_s=-1",), "'search.wall_clock_s' must be >= 0 (or null for no limit), got -1.0"),
 ])
 def test_numbers_must_be_finite_and_within_the_limits(data, overrides, needle):
     with pytest.raises(ConfigError) as err:

@@ -80,7 +80,7 @@ def test_outside_rule_on_gpu_keeps_the_failures_and_lists_the_passes(tmp_path, m
     path = small_recording(tmp_path, synthetic_recording)
     fake = FakeGpu(rmsnorm.space)
     monkeypatch.setattr(build, "need_gpu", lambda cfg, what: None)
-    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: fake)
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind, race=True: fake)
     cfg = config.parse({"problem": "rmsnorm_fwd", "dtypes": ["bfloat16"], "shapes": "benchmark",
                         "out_dir": str(tmp_path / "runs")})
     written, measured, added = record_gpu.add_gpu_failures(cfg, path, tmp_path / "out.jsonl.gz")
@@ -113,7 +113,7 @@ def test_outside_rule_cut_short_keeps_what_it_measured_and_the_same_command_fini
             return super().evaluate(candidates)
 
     first = Killed(rmsnorm.space)
-    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: first)
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind, race=True: first)
     out = tmp_path / "out.jsonl.gz"
     with pytest.raises(KeyboardInterrupt):
         record_gpu.add_gpu_failures(cfg, path, out)
@@ -121,12 +121,12 @@ def test_outside_rule_cut_short_keeps_what_it_measured_and_the_same_command_fini
     assert not out.exists() and set(recording.read(partial).entries) == set(first.seen) and len(first.seen) == 4
 
     second = FakeGpu(rmsnorm.space)
-    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: second)
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind, race=True: second)
     written, measured, added = record_gpu.add_gpu_failures(cfg, path, out)
     assert not set(first.seen) & set(second.seen), "nothing measured twice"
     assert measured == len(first.seen) + len(second.seen) and not partial.exists()
     whole = FakeGpu(rmsnorm.space)
-    monkeypatch.setattr(build, "make_evaluator", lambda run, kind: whole)
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind, race=True: whole)
     once = recording.read(record_gpu.add_gpu_failures(cfg, path, tmp_path / "once.jsonl.gz")[0])
     again = recording.read(written)
     assert again.outside_rule == once.outside_rule and set(again.entries) == set(once.entries)
