@@ -37,9 +37,6 @@ class SurrogateConfig:
     min_history: int = 12          # successful evaluations needed before the model is trusted
 
 
-LEARN_FROM = ("same_kind", "any")
-
-
 @dataclass(frozen=True)
 class RacingConfig:
     """Racing (docs/racing.md): every candidate is gated in full; it is timed first on the `cases` cheapest benchmark
@@ -345,85 +342,6 @@ def _apply_override(data: dict[str, Any], text: str) -> None:
         raise ConfigError(f"override {text!r}: the value {exc}") from None
 
 
-def _check_ranges(cfg: RunConfig) -> None:
-    s = cfg.search
-    positive = {"search.population": s.population, "search.generations": s.generations,
-                "search.tournament_size": s.tournament_size, "search.hall_of_fame": s.hall_of_fame}
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"config key '{key}' must be >= 1, got {value}")
-    if s.finalists < 0:
-        raise ConfigError(f"config key 'search.finalists' must be >= 0, got {s.finalists}")
-    if not 0 <= s.elitism <= s.population:
-        raise ConfigError(f"config key 'search.elitism' must be between 0 and search.population, got {s.elitism}")
-    if not 0.0 <= s.init_random <= 1.0:
-        raise ConfigError(f"config key 'search.init_random' must be between 0 and 1, got {s.init_random}")
-    if s.wall_clock_s is not None and s.wall_clock_s < 0:   # 0: stop after the first generation
-        raise ConfigError(f"config key 'search.wall_clock_s' must be >= 0 (or null for no limit), got {s.wall_clock_s}")
-    if s.max_evaluations is not None and s.max_evaluations < 1:
-        raise ConfigError(f"config key 'search.max_evaluations' must be >= 1, got {s.max_evaluations}")
-    if sum(op.weight for op in s.operators.values()) <= 0:
-        raise ConfigError("config key 'search.operators': at least one operator needs a weight > 0")
-    if s.policy not in ("static", "bandit"):
-        raise ConfigError(f"config key 'search.policy' must be one of static, bandit; got {s.policy!r}")
-    if s.surrogate.oversample < 1.0 or not 0.0 <= s.surrogate.explore <= 1.0:
-        raise ConfigError("config keys 'search.surrogate.oversample' must be >= 1 and 'search.surrogate.explore' "
-                          f"in [0, 1]; got {s.surrogate.oversample}, {s.surrogate.explore}")
-    r = s.racing
-    if r.cases < 1 or r.top_k < 1 or r.warmup < 2 or not 0.5 <= r.confidence < 1.0:
-        raise ConfigError("config keys 'search.racing.cases' and 'search.racing.top_k' must be >= 1, "
-                          "'search.racing.warmup' >= 2 and 'search.racing.confidence' in [0.5, 1); got "
-                          f"{r.cases}, {r.top_k}, {r.warmup}, {r.confidence}")
-    if s.warm_start.count < 0:
-        raise ConfigError(f"config key 'search.warm_start.count' must be >= 0, got {s.warm_start.count}")
-    if s.learn_from not in LEARN_FROM:
-        raise ConfigError(f"config key 'search.learn_from' must be one of {', '.join(LEARN_FROM)}; "
-                          f"got {s.learn_from!r}")
-    _check_workers(cfg)
-    _check_workload(cfg.workload)
-    for key in ("target_fitness", "patience", "wall_clock_s", "gpu_s"):
-        value = getattr(cfg.stop, key)
-        if value is not None and value <= 0:
-            raise ConfigError(f"config key 'stop.{key}' must be > 0 (or null for no limit), got {value}")
-    if cfg.evaluator.kind not in ("auto", "gpu", "replay"):
-        raise ConfigError(f"config key 'evaluator.kind' must be one of auto, gpu, replay; got {cfg.evaluator.kind!r}")
-
-
-def _check_workers(cfg: RunConfig) -> None:
-    w = cfg.workers
-    if cfg.search.mode not in ("generational", "steady"):
-        raise ConfigError(f"config key 'search.mode' must be one of generational, steady; got {cfg.search.mode!r}")
-    if w.backend not in ("inline", "local", "ray"):
-        raise ConfigError(f"config key 'workers.backend' must be one of inline, local, ray; got {w.backend!r}")
-    if isinstance(w.gpus, str) and w.gpus != "all" or isinstance(w.gpus, tuple) and (
-            not w.gpus or min(w.gpus) < 0 or len(set(w.gpus)) != len(w.gpus)):
-        raise ConfigError(f"config key 'workers.gpus' must be all or a list of distinct device indices >= 0; "
-                          f"got {w.gpus!r}")
-    for key in ("count", "queue_depth", "in_flight"):
-        if getattr(w, key) < 0:
-            raise ConfigError(f"config key 'workers.{key}' must be >= 0, got {getattr(w, key)}")
-    if w.llm_concurrency < 1 or w.time_scale < 0:
-        raise ConfigError(f"config keys 'workers.llm_concurrency' must be >= 1 and 'workers.time_scale' >= 0; got "
-                          f"{w.llm_concurrency}, {w.time_scale}")
-
-
-def _check_workload(w: WorkloadConfig | None) -> None:
-    if w is None:
-        return
-    for key in ("train", "heldout", "per_bucket", "panel", "rule_depth"):
-        if getattr(w, key) < 1:
-            raise ConfigError(f"config key 'workload.{key}' must be >= 1, got {getattr(w, key)}")
-    if w.search_s is not None and w.search_s <= 0:
-        raise ConfigError(f"config key 'workload.search_s' must be > 0 (or null for no limit), got {w.search_s}")
-    if w.neighbours < 0:
-        raise ConfigError(f"config key 'workload.neighbours' must be >= 0, got {w.neighbours}")
-    for key in ("m", "n"):
-        value = getattr(w, key)
-        if value is not None and (len(value) != 2 or not 1 <= value[0] <= value[1]):
-            raise ConfigError(f"config key 'workload.{key}' must be [low, high] with 1 <= low <= high, got "
-                              f"{list(value)}")
-
-
 def parse(data: Mapping[str, Any], overrides: tuple[str, ...] = ()) -> RunConfig:
     data = copy.deepcopy(dict(data))   # overrides edit the copy; key order is kept (operator order matters)
     for text in overrides:
@@ -432,7 +350,9 @@ def parse(data: Mapping[str, Any], overrides: tuple[str, ...] = ()) -> RunConfig
     if problem:
         raise ConfigError(problem)
     cfg = _build(RunConfig, data, "")
-    _check_ranges(cfg)
+    problem = limits.out_of_range(cfg)
+    if problem:
+        raise ConfigError(problem)
     problem = limits.over_limit(cfg)
     if problem:
         raise ConfigError(f"{problem} (docs/edges.md, Limits)")
