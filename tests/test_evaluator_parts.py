@@ -121,7 +121,7 @@ def test_a_setup_error_reaches_the_parent_as_its_message_alone(monkeypatch):
 
 
 def test_a_worker_taken_over_frees_the_last_runs_pools_before_making_the_next(monkeypatch):
-    """A campaign hands one worker from run to run (gpu.parked_workers): the last run's input pools must be gone
+    """A campaign hands one worker from run to run (worker_process.parked_workers): the last run's input pools must be gone
     before the next run's are allocated, or both runs' inputs must fit at once (an H200 ran out of memory so)."""
     import multiprocessing
     import weakref

@@ -219,7 +219,7 @@ def test_the_gpu_evaluator_counts_the_time_its_worker_waits_for_compiles():
 
 
 class LegsHandle:
-    """Stands in for gpu.WorkerHandle without a GPU: answers every eval request with the cases it asks for, and
+    """Stands in for worker_process.WorkerHandle without a GPU: answers every eval request with the cases it asks for, and
     keeps the requests, so that a test sees what each racing leg sent."""
 
     made: list = []

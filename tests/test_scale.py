@@ -147,7 +147,7 @@ def test_bad_worker_settings_are_one_clear_error(replay_config, override, messag
 
 
 class FakeHandle:
-    """Stands in for gpu.WorkerHandle on a machine without a GPU: each "GPU" has its own baseline, and a
+    """Stands in for worker_process.WorkerHandle on a machine without a GPU: each "GPU" has its own baseline, and a
     candidate's time depends on its genes only, so fitness shows which baseline it was divided by."""
 
     made = []

@@ -13,7 +13,8 @@ from typing import Any, Mapping, Sequence
 
 from ..config import ConfigError, WorkersConfig
 from . import static_check
-from .gpu import GpuEvaluator, WorkerHandle, hash_seed, timer_reads, _unique
+from .gpu import GpuEvaluator, hash_seed, timer_reads, _unique
+from .worker_process import WorkerHandle
 from .pool import Pool
 from ..types import Candidate, EvalResult, Status
 
@@ -35,7 +36,7 @@ def local_devices(gpus: str | tuple[int, ...]) -> list[str]:
 
 
 class GpuSlot:
-    """A local pool.Worker: one gpu.WorkerHandle whose process sees only its GPU."""
+    """A local pool.Worker: one worker_process.WorkerHandle whose process sees only its GPU."""
 
     def __init__(self, index: int, device: str, setup: dict[str, Any]):
         self.name = f"gpu{device}"

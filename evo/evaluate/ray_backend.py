@@ -50,10 +50,10 @@ class SimActor:
 
 class GpuActor:
     """A GPU worker as a Ray actor: the actor owns one GPU (Ray set CUDA_VISIBLE_DEVICES) and runs the usual
-    worker process on it (gpu.WorkerHandle: restart after a fault, watchdog, known-good proof at every start)."""
+    worker process on it (worker_process.WorkerHandle: restart after a fault, watchdog, known-good proof at every start)."""
 
     def __init__(self, setup: dict[str, Any]):
-        from .gpu import WorkerHandle
+        from .worker_process import WorkerHandle
         self.handle = WorkerHandle(setup)
 
     def ready(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from .. import build, journal, registry
 from ..config import ConfigError, RunConfig, WorkloadConfig
-from ..evaluate.gpu import parked_workers
+from ..evaluate.worker_process import parked_workers
 from ..run import execute, new_run_id, run_folder, table_seeds
 from ..types import Candidate, Case, Genome
 from ..workload import ServesWorkload, Split, Workload, by_bucket, distance, narrow, split
