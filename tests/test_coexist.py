@@ -1,6 +1,6 @@
-"""The card's folders (evo/, operators/, problems/, kernels/) install as kernel_factory.* and shadow nothing:
-Hugging Face's `kernels` and PyPI's `evo` stay importable next to ours, even from the repository root, where the
-folders of the same names sit first on sys.path."""
+"""The card's folders (evo/, operators/, problems/, kernels/) install as kernel_factory.* and shadow nothing: the
+`kernels` and `evo` packages of the same names stay importable next to ours, even from the repository root, where
+the folders of the same names sit first on sys.path."""
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +14,12 @@ print(hasattr(kernels, "get_kernel"))
 """
 
 
-def test_pypi_namesakes_win_from_the_repo_root():
+def test_published_namesakes_win_from_the_repo_root():
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    hf_kernels, pypi_evo, ours, has_get_kernel = out.stdout.split()
+    hf_kernels, other_evo, ours, has_get_kernel = out.stdout.split()
     assert "site-packages" in hf_kernels and not hf_kernels.startswith(str(ROOT / "kernels"))
-    assert "site-packages" in pypi_evo and not pypi_evo.startswith(str(ROOT / "evo"))
+    assert "site-packages" in other_evo and not other_evo.startswith(str(ROOT / "evo"))
     assert ours == str(ROOT / "kernels" / "templates.py")
     assert has_get_kernel == "True", "that must be Hugging Face's kernels package"
 
