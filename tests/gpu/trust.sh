@@ -5,7 +5,9 @@
 #      suite (tests/gpu/run.sh)
 #   b  (carry .gpu-b): the search's fitness against its A/B re-time (python -m kernel_factory.evo.tools.agreement):
 #      the softmax plugin against torch eager, torch.compile and Liger; the quickstart against torch eager and
-#      torch.compile
+#      torch.compile; then, in what is left of the call's 10 minutes, the held-out recording for the efficiency
+#      report: a uniform sample of 1000 genomes of the fp16 forward space (kernel-factory record; a cut recording
+#      comes back partial and resumes with the same command)
 #   c  (carry .gpu-c .int21): QuACK complete, every peer imports; the quickstart against QuACK (the external peer
 #      that runs all 11 rows: Liger refuses N above 65536)
 #   heldout (carry .int21, after c): the forward campaign's held-out bench with every peer
@@ -25,9 +27,9 @@ setup() {   # source the host setup with the bundles named, its log kept; fail t
   source tests/gpu/host_setup.sh "$@" > "$RES/host_setup.log" 2>&1 || { cat "$RES/host_setup.log"; exit 2; }
   tail -n 2 "$RES/host_setup.log"
 }
-agreement() {   # NAME CONFIG BASELINES [overrides...]
+agreement() {   # NAME CONFIG BASELINES [overrides...]   (at most AGREE_S seconds, default 300)
   local name="$1" cfg="$2" baselines="$3"; shift 3
-  timeout 300 python3 -m kernel_factory.evo.tools.agreement --config "$cfg" --baselines "$baselines" "$@" \
+  timeout "${AGREE_S:-300}" python3 -m kernel_factory.evo.tools.agreement --config "$cfg" --baselines "$baselines" "$@" \
     --out "$RES/agreement-$name" > "$RES/agreement-$name.log" 2>&1; tail -n 8 "$RES/agreement-$name.log"
   rm -rf "$RES/agreement-$name/runs/cache" "$RES/agreement-$name/runs/artifacts"
   pack > /dev/null
@@ -42,8 +44,12 @@ a)
   ;;
 b)
   KF_PEERS=liger setup .gpu-b
-  agreement softmax configs/softmax.yaml torch_eager,torch_compile,liger
-  agreement quickstart configs/quickstart.yaml torch_eager,torch_compile -o search.generations=3
+  AGREE_S=170 agreement softmax configs/softmax.yaml torch_eager,torch_compile,liger
+  AGREE_S=190 agreement quickstart configs/quickstart.yaml torch_eager,torch_compile -o search.generations=3
+  left=$(( 570 - SECONDS ))
+  echo "recording for $left s"
+  timeout "$left" kernel-factory record configs/rmsnorm_fwd_record.yaml -o 'dtypes=[float16]' --sample 1000 \
+    --out "$RES/rmsnorm_fwd-float16-h200.jsonl.gz" > "$RES/record.log" 2>&1; tail -n 4 "$RES/record.log"
   ;;
 c)
   setup .gpu-c
