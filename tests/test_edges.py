@@ -88,6 +88,16 @@ def test_a_read_only_mlflow_store_fails_once_clearly_or_runs_on_the_journal_when
 
 # ---- 2. an interrupted run keeps what it measured ---------------------------------------------------------------
 
+def test_an_interrupted_recording_says_where_its_genomes_are_and_how_to_go_on(monkeypatch, capsys):
+    """Stopped by `timeout` mid-recording: the hint names the partial file and the same command, not a run id."""
+    def stopped(args):
+        raise exits.Terminated
+    monkeypatch.setattr(cli, "_dispatch", stopped)
+    assert cli.main(["record", "configs/rmsnorm_fwd_record.yaml"]) == 143
+    err = capsys.readouterr().err
+    assert ".partial.jsonl" in err and "same `record` command resumes" in err and "RUN_ID" not in err
+
+
 @pytest.mark.parametrize("signal_exc, code", [(KeyboardInterrupt, 130), (exits.Terminated, 143)])
 def test_an_interrupted_run_keeps_its_measurements(tmp_path, run_yaml, capsys, monkeypatch, signal_exc, code):
     from kernel_factory.evo.evaluate.replay import ReplayEvaluator

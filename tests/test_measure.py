@@ -1,4 +1,5 @@
 """The output comparison used by the GPU worker (runs on CPU torch here): NaN never passes, misses are located."""
+import pytest
 import torch
 
 from kernel_factory.evo.evaluate.measure import mismatch, quantile
@@ -35,3 +36,78 @@ def test_shape_mismatch():
 def test_quantile():
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
     assert quantile([5.0], 0.75) == 5.0
+
+
+class Clock:
+    """A simulated GPU for the timer: an eager call costs its host overhead (the GPU idles between the events
+    while the host enqueues) plus its kernel; a graph replay costs the kernel alone."""
+
+    def __init__(self, kernel_us: float, host_us: list[float]):
+        self.now, self.kernel_us, self.host_us, self.capturing = 0.0, kernel_us, list(host_us), False
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=True):
+                self.at = 0.0
+
+            def record(self):
+                self.at = clock.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return (other.at - self.at) / 1e3
+
+        class Graph:
+            def replay(self):
+                clock.now += clock.kernel_us
+
+        class Capture:
+            def __init__(self, graph, stream=None):
+                pass
+
+            def __enter__(self):
+                clock.capturing = True
+
+            def __exit__(self, *exc):
+                clock.capturing = False
+
+        cuda = type("cuda", (), {"Event": Event, "CUDAGraph": Graph, "graph": Capture,
+                                 "current_stream": staticmethod(lambda: None), "synchronize": staticmethod(lambda: None)})
+        self.torch = type("torch", (), {"cuda": cuda})
+
+    def call(self):
+        if not self.capturing:
+            self.now += (self.host_us.pop(0) if self.host_us else 1.0) + self.kernel_us
+
+
+def timer_on(clock: Clock, graph_below_us: float):
+    from kernel_factory.evo.evaluate.measure import Timer, TimingPolicy
+    timer = Timer.__new__(Timer)
+    timer.torch, timer.policy, timer._flush_us = clock.torch, TimingPolicy(warmup=0, graph_below_us=graph_below_us), 1.0
+    timer.flush_buf = type("buf", (), {"zero_": lambda self: None})()
+    return timer
+
+
+def test_one_slow_host_call_does_not_decide_how_a_call_is_timed():
+    """A 5 us kernel whose first estimate met a 90 us host stall: the least of a few estimates says short."""
+    clock = Clock(5.0, host_us=[90.0, 2.0, 3.0])
+    assert timer_on(clock, 30.0).is_short(clock.call)
+    stalled = Clock(5.0, host_us=[90.0, 80.0, 70.0])
+    assert not timer_on(stalled, 30.0).is_short(stalled.call), "a host path slow every time is not short"
+    assert not timer_on(clock, 0.0).is_short(clock.call), "graph_below_us = 0 disables graphs"
+
+
+def test_a_decided_way_of_timing_holds_whatever_the_estimate():
+    """graphs=True replays the graph even when this call's estimate is long (host stall); False stays eager even
+    when it is short; None decides by the estimate."""
+    clock = Clock(5.0, host_us=[200.0])
+    graphed = timer_on(clock, 30.0).time(clock.call, graphs=True)
+    assert graphed.graph and not graphed.uncaptured and graphed.median_us == pytest.approx(5.0)
+    clock = Clock(5.0, host_us=[1.0] * 100)
+    eager = timer_on(clock, 30.0).time(clock.call, graphs=False)
+    assert not eager.graph and eager.median_us == pytest.approx(6.0)
+    clock = Clock(5.0, host_us=[200.0] + [20.0] * 100)
+    by_estimate = timer_on(clock, 30.0).time(clock.call)
+    assert not by_estimate.graph and by_estimate.median_us == pytest.approx(25.0), "None: one estimate decides"

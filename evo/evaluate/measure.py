@@ -57,8 +57,8 @@ class Timing:
 @dataclass(frozen=True)
 class TimingPolicy:
     """How long to time: at least min_reps calls, at most max_reps, aiming at target_ms of kernel time.
-    Calls whose first estimate is below graph_below_us are captured in a CUDA graph and timed as replays, so
-    that host launch overhead cannot leak into the events (0 disables graphs)."""
+    Calls shorter than graph_below_us are captured in a CUDA graph and timed as replays, so that host launch
+    overhead cannot leak into the events (0 disables graphs)."""
 
     min_reps: int = 5
     max_reps: int = 50
@@ -147,13 +147,23 @@ class Timer:
             return None
         return [g.replay for g in graphs]
 
-    def time(self, fns: Callable[[], Any] | Sequence[Callable[[], Any]], graphs: bool = True) -> Timing:
-        """Median of event-timed samples; a short call is captured in a CUDA graph first unless `graphs` is False
-        (so that a candidate is timed eagerly wherever its baseline could not be captured: the same rule for both)."""
+    def is_short(self, fn: Callable[[], Any], tries: int = 3) -> bool:
+        """Whether a call is shorter than graph_below_us: the least of a few estimates, so that one slow host call
+        (a garbage collection, a guard check) cannot flip the decision."""
+        return self.policy.graph_below_us > 0 and min(self.estimate_us(fn) for _ in range(tries)) < \
+            self.policy.graph_below_us
+
+    def time(self, fns: Callable[[], Any] | Sequence[Callable[[], Any]], graphs: bool | None = None) -> Timing:
+        """Median of event-timed samples. graphs=True captures the calls in CUDA graphs first (eager, flagged
+        uncaptured, if capture fails), False times them eagerly, None decides by one estimate against
+        graph_below_us. The GPU worker decides once per case and passes the decision, so that a case's baseline and
+        every candidate on it are timed the same way, measurement after measurement."""
         fns = [fns] if callable(fns) else list(fns)
         estimate = self.estimate_us(fns[0])
         graph = uncaptured = False
-        if graphs and estimate < self.policy.graph_below_us:
+        if graphs is None:
+            graphs = estimate < self.policy.graph_below_us
+        if graphs:
             replays = self.graphed(fns)
             uncaptured = replays is None
             if replays is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 import traceback
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .. import registry
 from . import gate, launcher, measure
@@ -106,12 +106,14 @@ class Bench:
         self.copy_gbps = 0.0
         # The baseline: measured at setup and again every baseline_every_s seconds while candidates run (clocks and
         # temperature drift: a baseline timed once, on a GPU that had sat idle through a compile, flattered every
-        # candidate after it). Cases whose baseline cannot be captured in a CUDA graph are timed eagerly for
-        # candidates too.
+        # candidate after it). Each case is timed one way, as CUDA-graph replays or eagerly, decided once from the
+        # baseline's measurement at setup and kept for its re-timings and every candidate: a decision taken again
+        # from one noisy estimate each time flipped a torch.compile baseline between graph and host-bound timing
+        # (6.7x apart) within one run.
         self.baseline_every_s = float(setup.get("baseline_every_s", 0.0))
         self.baseline_us: dict[str, float] = {}
         self.baseline_at = 0.0
-        self.eager_cases: set[str] = set(setup.get("eager_cases", ()))
+        self.graph_mode: dict[str, bool] = dict(setup.get("graph_mode", {}))
         self.host_bound: set[str] = set()   # rows whose baseline's host path outlasted the flush (its time may leak)
 
     def pool(self, case: Case) -> Pool:
@@ -175,7 +177,7 @@ class Bench:
         outs = pool.guarded.views
         fns = [self.prepare(module, genes, case, inputs, outs) for inputs in pool.inputs]
         gate.poison(outs)
-        timing = run_timed(self.timer, fns, graphs=case.key not in self.eager_cases)
+        timing = run_timed(self.timer, fns, graphs=self.graph_mode.get(case.key))
         self.sync()
         last = pool.inputs[timing.last]
         self.verify_sample(case, last, outs, "timed output", rng)
@@ -239,9 +241,8 @@ class Bench:
                 fn = self.prepare(modules[case.dtype], genes, case, pool.inputs[0], pool.guarded.views)
                 base = self.problem.baseline(self.baseline, case, pool.inputs[0])
                 gate.poison(pool.guarded.views)
-                try:   # short calls as graph replays, as in the search: host time must not leak into either
-                    pair, _ = (self.timer.graphed_together([fn, base]) if case.key not in self.eager_cases
-                               else ([fn, base], False))
+                try:   # timed the case's way, as in the search: host time must not leak into either
+                    pair = self.timed_pair(case, fn, base)
                     cand, ref = self.timer.time_interleaved(pair, reps)
                 except Exception as exc:
                     raise Fatal(f"{type(exc).__name__}: {exc}") from exc
@@ -260,18 +261,26 @@ class Bench:
         for case in self.bench_cases:
             try:
                 fns = [self.problem.baseline(self.baseline, case, inputs) for inputs in self.pool(case).inputs]
-                timing = run_timed(self.timer, fns, graphs=case.key not in self.eager_cases)
+                mode = self.graph_mode.get(case.key)
+                timing = run_timed(self.timer, fns, graphs=self.timer.is_short(fns[0]) if mode is None else mode)
             except Exception as exc:   # a peer that refuses a shape (Liger past N = 65536), or is not installed
                 cause = exc.__cause__ or exc
                 raise SetupError(f"the baseline {self.baseline!r} cannot run {case.key}: "
                                  f"{type(cause).__name__}: {cause}"[:1000]) from exc
-            if timing.uncaptured:
-                self.eager_cases.add(case.key)
+            self.graph_mode[case.key] = timing.graph
             if not timing.graph and timing.host_us > self.timer.flush_us() + timing.median_us:
                 self.host_bound.add(case.key)
             out[case.key] = timing.median_us
         self.baseline_us, self.baseline_at = out, time.perf_counter()
         return out
+
+    def timed_pair(self, case: Case, fn: Callable[[], Any], base: Callable[[], Any]) -> list[Callable[[], Any]]:
+        """A finalist and its baseline, as CUDA-graph replays where the case is graph-timed (both eager if either
+        cannot be captured)."""
+        mode = self.graph_mode.get(case.key)
+        if mode is None:
+            return self.timer.graphed_together([fn, base])[0]
+        return (self.timer.graphed([fn, base]) if mode else None) or [fn, base]
 
     def baseline_due(self) -> bool:
         return self.baseline_every_s > 0 and time.perf_counter() - self.baseline_at >= self.baseline_every_s
@@ -321,13 +330,14 @@ def start(msg: Mapping[str, Any]) -> tuple[Bench, dict[str, Any]]:
         bench.baseline_us, bench.baseline_at = dict(msg["baseline_us"]), time.perf_counter()
     else:
         bench.time_baseline()   # a first pass compiles (torch.compile, Triton), autotunes and brings the clocks up
+        bench.graph_mode.clear()   # so each case's way of timing is decided without compile time in its estimates
         bench.time_baseline()   # the measurement
     good = msg.get("known_good")
     if good:
         reply = bench.evaluate({**good, "check_only": True, "seed": random.randrange(2**31)})
         if reply["status"] != Status.OK.value:
             raise RuntimeError(f"the known-good kernel failed the gate on this worker: {reply['message']}")
-    return bench, {"op": "ready", "baseline_us": bench.baseline_us, "eager_cases": sorted(bench.eager_cases),
+    return bench, {"op": "ready", "baseline_us": bench.baseline_us, "graph_mode": bench.graph_mode,
                    "baseline_host_bound": sorted(bench.host_bound),
                    "copy_gbps": bench.copy_gbps, "fingerprint": measure.fingerprint({"clocks_at_setup": before})}
 

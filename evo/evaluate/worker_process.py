@@ -86,7 +86,7 @@ class WorkerHandle:
             raise WorkerError(f"the GPU worker failed during setup:\n{msg.get('message', msg)}")
         self.ready = msg
         self.setup = {**self.setup, "baseline_us": msg["baseline_us"], "copy_gbps": msg["copy_gbps"],
-                      "eager_cases": msg.get("eager_cases", [])}
+                      "graph_mode": msg.get("graph_mode", {})}
 
     def _kill(self) -> None:
         if self.proc.is_alive():

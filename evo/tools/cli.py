@@ -352,6 +352,15 @@ def setup_logging() -> None:
         ours.propagate = False
 
 
+# What an interrupted command kept, and how to go on: by command, a run's words for the rest.
+INTERRUPTED = {
+    "run": "everything measured so far is in the run's journal and MLflow (`kernel-factory resume RUN_ID` "
+           "continues a run)",
+    "record": "every genome measured so far is in the recording's .partial.jsonl beside --out; the same `record` "
+              "command resumes it",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging()
@@ -365,8 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
         if args.command != "ui":   # stopping the UI is how it ends (serve says so); there is no run to resume
-            print("kernel-factory: interrupted; everything measured so far is in the run's journal and MLflow "
-                  "(`kernel-factory resume RUN_ID` continues a run)", file=sys.stderr)
+            print(f"kernel-factory: interrupted; {INTERRUPTED.get(args.command, INTERRUPTED['run'])}", file=sys.stderr)
         return interrupt_code(exc)
     except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
