@@ -51,3 +51,25 @@ def test_not_a_recording(tmp_path):
     bad.write_text(json.dumps({"hello": 1}) + "\n")
     with pytest.raises(ValueError, match="not a kernel-factory recording"):
         recording.read(bad)
+
+
+def test_a_resumed_sample_is_drawn_from_the_space_it_began_in(tmp_path):
+    """A gene that gained a choice since the recording began: the resumed sample is the same sample (genomes
+    recorded before are still in it, none of the new choice's); a gene added since is refused, by name."""
+    from kernel_factory.evo.config import ConfigError
+    from kernel_factory.evo.tools.record import resumed_space, sampled_space
+    from kernel_factory.evo.types import Gene, GeneSpace
+    before = GeneSpace((Gene("a", (1, 2, 4), 1), Gene("b", (0, 1), 0)), lambda g: None)
+    final = tmp_path / "p.jsonl.gz"
+    space = {g.name: list(g.choices) for g in before.genes}
+    first, _ = sampled_space(before, 4, 0)
+    w = recording.Writer(final, {**HEADER, "space": space})
+    w.add(first[1], result(first[1].id, 1.0))
+    grown = GeneSpace((Gene("a", (1, 2, 4, 8, 16), 1), Gene("b", (0, 1), 0)), lambda g: None)
+    again, _ = sampled_space(resumed_space(grown, final), 4, 0)
+    assert again == first and all(g.gene_dict["a"] <= 4 for g in again)
+    assert [g.id for g in sampled_space(grown, 4, 0)[0]] != [g.id for g in first], "the grown space samples others"
+    added = GeneSpace((*grown.genes, Gene("c", (0, 1), 0)), lambda g: None)
+    with pytest.raises(ConfigError, match="differing in c"):
+        resumed_space(added, final)
+    assert resumed_space(grown, tmp_path / "fresh.jsonl.gz") is grown

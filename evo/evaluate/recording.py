@@ -56,6 +56,12 @@ def _lines(path: Path) -> Iterator[dict[str, Any]]:
                     return   # a torn last line of an interrupted partial file
 
 
+def partial_path(final: str | Path) -> Path:
+    """Where a recording bound for `final` keeps its results until it finishes."""
+    final = Path(final)
+    return final.with_name(final.name.replace(".jsonl.gz", "") + ".partial.jsonl")
+
+
 def read(path: str | Path) -> Recording:
     path = Path(path)
     lines = _lines(path)
@@ -81,7 +87,7 @@ class Writer:
 
     def __init__(self, final: str | Path, header: Mapping[str, Any]):
         self.final = Path(final)
-        self.partial = self.final.with_name(self.final.name.replace(".jsonl.gz", "") + ".partial.jsonl")
+        self.partial = partial_path(self.final)
         self.done: set[str] = set()
         if self.partial.exists():
             old = read(self.partial)

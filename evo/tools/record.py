@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .. import build
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
 from ..evaluate import recording
 from ..evaluate.gpu import GpuEvaluator
 from ..types import Candidate, GeneSpace, Genome
@@ -29,6 +29,25 @@ def sampled_space(space: GeneSpace, sample: int | None, sample_seed: int) -> tup
                     f"(random.Random({sample_seed}).sample, template defaults always included)")
 
 
+def resumed_space(space: GeneSpace, out: Path) -> GeneSpace:
+    """The space a recording samples: for a resumed one, the space it began in (its partial file's header), so that
+    the same sample comes out when a gene has gained choices since. Genes added or removed since are an error: the
+    genomes recorded before would no longer be the same genomes."""
+    partial = recording.partial_path(out)
+    if not partial.exists():
+        return space
+    began = recording.read(partial).header.get("space", {})
+    if set(began) != set(space.names):
+        changed = sorted(set(began) ^ set(space.names))
+        raise ConfigError(f"{partial}: began with another set of genes (now differing in {', '.join(changed)}); "
+                          f"finish it with the code that began it, or move it away to record afresh")
+    try:
+        return space.restricted({name: tuple(choices) for name, choices in began.items()})
+    except ValueError as exc:
+        raise ConfigError(f"{partial}: its space no longer fits the problem's ({exc}); move it away to record "
+                          f"afresh") from None
+
+
 def remeasure(writer: recording.Writer, evaluator: GpuEvaluator, header: dict) -> dict:
     """This machine's fingerprint and baseline, and fresh times for a few genomes recorded before (drift check)."""
     before = recording.read(writer.partial)
@@ -43,7 +62,7 @@ def remeasure(writer: recording.Writer, evaluator: GpuEvaluator, header: dict) -
 def record(cfg: RunConfig, out: Path, sample: int | None = None, sample_seed: int = 0) -> Path:
     run = build.prepare(cfg)
     build.need_gpu(cfg, "record")
-    genomes, rule = sampled_space(run.problem.space, sample, sample_seed)
+    genomes, rule = sampled_space(resumed_space(run.problem.space, out), sample, sample_seed)
     evaluator = build.make_evaluator(run, "gpu", race=False)
     assert isinstance(evaluator, GpuEvaluator)
     header = {"problem": run.problem.name, "problem_version": run.problem.version,

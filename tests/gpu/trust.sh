@@ -14,10 +14,13 @@
 #   bench-bf16 (carry .int21, after c): the forward bf16 benchmark rows with every peer, QuACK tuned included
 #   racing (after b): the live quickstart with racing off and on, 3 seeds each (python -m
 #      kernel_factory.evo.tools.racing): candidates per GPU-minute and the final best, measured (issue 32)
+#   end (carry .gpu-a .gpu-rec): a second session block after changes to the evaluator or the forward template:
+#      every GPU test file but the backward's (its template unchanged), then the fp16 recording resumed from the
+#      partial file carried in .gpu-rec/, then the sub-warp timing table (tests/gpu/subwarp_times.py) if time is left
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
-stage="${1:?usage: trust.sh a|b|c|heldout|bench-bf16|racing}"
+stage="${1:?usage: trust.sh a|b|c|heldout|bench-bf16|racing|end}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -73,5 +76,18 @@ racing)
     -o "out_dir=$RES/racing-runs" > "$RES/racing.txt" 2> "$RES/racing.log"; tail -n 12 "$RES/racing.txt"
   rm -rf "$RES/racing-runs/cache" "$RES/racing-runs/artifacts"
   ;;
-*) echo "trust.sh: unknown stage $stage (a, b, c, heldout, bench-bf16 or racing)" >&2; exit 2 ;;
+end)
+  KF_PEERS=liger setup .gpu-a
+  files=$(ls tests/gpu/test_*_gpu.py | grep -v rmsnorm_bwd)
+  OUT="$RES/gpu-suite" timeout 330 tests/gpu/run.sh $files -p no:cacheprovider --durations=15 2>&1 | tail -n 20
+  left=$(( 560 - SECONDS ))
+  echo "recording for $left s"
+  timeout "$left" kernel-factory record configs/rmsnorm_fwd_record.yaml -o 'dtypes=[float16]' --sample 1000 \
+    --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
+  cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
+  left=$(( 585 - SECONDS ))
+  [ -f tests/gpu/subwarp_times.py ] && [ "$left" -gt 20 ] && OUT="$RES" timeout "$left" python3 tests/gpu/subwarp_times.py \
+    > "$RES/subwarp_times.log" 2>&1; tail -n 12 "$RES/subwarp_times.log" 2>/dev/null
+  ;;
+*) echo "trust.sh: unknown stage $stage (a, b, c, heldout, bench-bf16, racing or end)" >&2; exit 2 ;;
 esac
