@@ -14,9 +14,9 @@
 #   bench-bf16 (carry .int21, after c): the forward bf16 benchmark rows with every peer, QuACK tuned included
 #   racing (after b): the live quickstart with racing off and on, 3 seeds each (python -m
 #      kernel_factory.evo.tools.racing): candidates per GPU-minute and the final best, measured (issue 32)
-#   end (carry .gpu-a .gpu-rec): a second session block after changes to the evaluator or the forward template:
-#      every GPU test file but the backward's (its template unchanged), then the fp16 recording resumed from the
-#      partial file carried in .gpu-rec/, then the sub-warp timing table (tests/gpu/subwarp_times.py) if time is left
+#   end (carry .gpu-a .gpu-rec): a second session block after changes to the evaluator or the templates: the GPU
+#      suite, the sub-warp timing tables (tests/gpu/subwarp_times.py, subwarp_bwd_times.py), then the fp16
+#      recording resumed, in what is left of the call, from the partial file carried in .gpu-rec/
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
@@ -78,16 +78,16 @@ racing)
   ;;
 end)
   KF_PEERS=liger setup .gpu-a
-  files=$(ls tests/gpu/test_*_gpu.py | grep -v rmsnorm_bwd)
-  OUT="$RES/gpu-suite" timeout 330 tests/gpu/run.sh $files -p no:cacheprovider --durations=15 2>&1 | tail -n 20
-  left=$(( 560 - SECONDS ))
+  OUT="$RES/gpu-suite" timeout 420 tests/gpu/run.sh -p no:cacheprovider --durations=15 2>&1 | tail -n 20
+  for t in subwarp_times subwarp_bwd_times; do
+    [ -f "tests/gpu/$t.py" ] && OUT="$RES" timeout 45 python3 "tests/gpu/$t.py" > "$RES/$t.log" 2>&1
+    tail -n 14 "$RES/$t.log" 2>/dev/null
+  done
+  left=$(( 575 - SECONDS ))
   echo "recording for $left s"
-  timeout "$left" kernel-factory record configs/rmsnorm_fwd_record.yaml -o 'dtypes=[float16]' --sample 1000 \
+  [ "$left" -gt 30 ] && timeout "$left" kernel-factory record configs/rmsnorm_fwd_record.yaml -o 'dtypes=[float16]' --sample 1000 \
     --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
   cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
-  left=$(( 585 - SECONDS ))
-  [ -f tests/gpu/subwarp_times.py ] && [ "$left" -gt 20 ] && OUT="$RES" timeout "$left" python3 tests/gpu/subwarp_times.py \
-    > "$RES/subwarp_times.log" 2>&1; tail -n 12 "$RES/subwarp_times.log" 2>/dev/null
   ;;
 *) echo "trust.sh: unknown stage $stage (a, b, c, heldout, bench-bf16, racing or end)" >&2; exit 2 ;;
 esac
