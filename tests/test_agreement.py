@@ -51,6 +51,22 @@ def test_agreement_flags_a_search_figure_off_by_more_than_the_noise():
     assert agreement(failed, search) == failed
 
 
+def test_the_table_says_which_side_moved_between_the_search_and_the_ab():
+    """A search whose baseline ran 8% slow on one case (the candidate's times as in the A/B): the split puts the
+    difference on the baseline side and names that case."""
+    from kernel_factory.evo.tools.agreement import parts, split
+    rng = random.Random()
+    keys = [f"bfloat16:{rng.randrange(1, 9999)}x{n}" for n in (256, 1024, 4096)]
+    search = result(rng, keys)
+    fin = ab_record(search, 1.0, rng)
+    fin["times_us"] = dict(search.times_us)
+    fin["baseline_us"] = {**search.baseline_us, keys[1]: search.baseline_us[keys[1]] / 1.08}
+    p = parts(search, fin)
+    assert p["candidate"] == pytest.approx(1.0) and p["baseline"] == pytest.approx(1.08 ** (1 / 3))
+    assert p["baseline_worst_case"] == keys[1] and p["baseline_worst"] == pytest.approx(1.08)
+    assert f"most: {keys[1]} 1.080" in split(p) and split(None) == "-"
+
+
 def test_baseline_log_keeps_every_measurement_relative_to_the_first():
     from kernel_factory.evo.evaluate.gpu import BaselineLog
     rng = random.Random()

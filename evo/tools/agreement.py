@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -45,7 +46,25 @@ def row_of(path: Path) -> dict[str, Any]:
            "baseline_measurements": len(base), "baseline_range": [min(base), max(base)] if base else None}
     if row["search_fitness"] and row["ab_speedup"]:
         row["ab_over_search"] = row["ab_speedup"] / row["search_fitness"]
+    if searched and fin:
+        row["parts"] = parts(searched, fin)
     return row
+
+
+def parts(searched: Any, fin: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Where the search and the A/B part: per side (candidate, baseline), the geomean over cases of the search's
+    time over the A/B's, and the case whose baseline moved most. Fitness is baseline over candidate, so the search
+    flatters when its baseline time is above the A/B's or its candidate time below."""
+    keys = [k for k in fin.get("times_us", {}) if k in searched.times_us and k in (searched.baseline_us or {})
+            and k in fin.get("baseline_us", {})]
+    if not keys:
+        return None
+    cand = {k: searched.times_us[k] / fin["times_us"][k] for k in keys}
+    base = {k: searched.baseline_us[k] / fin["baseline_us"][k] for k in keys}
+    worst = max(keys, key=lambda k: abs(math.log(base[k])))
+    geo = lambda d: math.exp(sum(math.log(v) for v in d.values()) / len(d))   # noqa: E731
+    return {"candidate": geo(cand), "baseline": geo(base), "baseline_worst_case": worst,
+            "baseline_worst": base[worst], "cases": {k: {"candidate": cand[k], "baseline": base[k]} for k in keys}}
 
 
 def verdict(row: Mapping[str, Any], tolerance: float) -> str:
@@ -63,9 +82,12 @@ def table(rows: Sequence[Mapping[str, Any]], tolerance: float) -> str:
              f"Per run: the best candidate's fitness as the search timed it, and the same candidate re-timed "
              f"interleaved with the baseline at the run's end. They agree when they differ by at most "
              f"{tolerance:.0%} or the run's noise band, whichever is larger. The baseline column is how far the "
-             f"baseline's geomean moved over its measurements during the run (relative to its first).", "",
+             f"baseline's geomean moved over its measurements during the run (relative to its first). Search over "
+             f"A/B times: per side, the geomean over cases of the time the search measured over the A/B's (the "
+             f"search flatters when its baseline is above 1 or its candidate below), and the case whose baseline "
+             f"differs most.", "",
              "| run | problem | baseline | evaluations | best | search | A/B | A/B / search | noise | baseline moved | "
-             "verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "search / A/B times | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         moved = (f"{r['baseline_range'][0]:.3f} to {r['baseline_range'][1]:.3f} over {r['baseline_measurements']}"
                  if r.get("baseline_range") else "-")
@@ -74,8 +96,15 @@ def table(rows: Sequence[Mapping[str, Any]], tolerance: float) -> str:
                      f"{r.get('best', '-')} | "
                      f"{fmt(r.get('search_fitness'), '.4f')} | {fmt(r.get('ab_speedup'), '.4f')} | "
                      f"{fmt(r.get('ab_over_search'), '.4f')} | {fmt(r.get('noise'), '.1%')} | {moved} | "
-                     f"{verdict(r, tolerance)} |")
+                     f"{split(r.get('parts'))} | {verdict(r, tolerance)} |")
     return "\n".join(lines) + "\n"
+
+
+def split(p: Mapping[str, Any] | None) -> str:
+    if not p:
+        return "-"
+    return (f"candidate {p['candidate']:.3f}, baseline {p['baseline']:.3f} (most: {p['baseline_worst_case']} "
+            f"{p['baseline_worst']:.3f})")
 
 
 def live(cfg_path: str, baselines: Sequence[str], overrides: Sequence[str], out: Path) -> list[Path]:
