@@ -218,3 +218,23 @@ def test_a_baseline_that_cannot_run_is_a_row_of_its_own_and_the_check_fails(tmp_
     assert "cannot run bfloat16:16384x131072" in rows[1]["error"]
     md = (tmp_path / "agreement.md").read_text()
     assert "no A/B re-time" in md and "did not run: the baseline 'liger' cannot run" in md
+
+
+def test_a_paired_fitness_is_taken_against_the_baseline_timed_beside_it():
+    """The parent's side of evaluator.gpu.paired: the reply's paired baseline overrides the worker's latest
+    measurement case by case, in the fitness and in the result's baseline."""
+    from types import SimpleNamespace
+    from kernel_factory.evo.evaluate.gpu import BaselineLog, GpuEvaluator
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    rng = random.Random()
+    keys = [f"bfloat16:{rng.randrange(1, 999)}x{n}" for n in (512, 4096)]
+    latest = {k: rng.uniform(10, 90) for k in keys}
+    fake = SimpleNamespace(problem=problem, baseline_us=latest, baselines=BaselineLog(latest))
+    times = {k: rng.uniform(10, 90) for k in keys}
+    paired = {k: rng.uniform(10, 90) for k in keys}
+    reply = {"status": "ok", "times_us": times, "iqr_us": {k: 0.1 for k in keys}, "baseline_us": latest,
+             "paired_baseline_us": paired}
+    res = GpuEvaluator.result(fake, "c0", reply, {})
+    assert res.baseline_us == paired and math.isclose(res.fitness, geomean_speedup(times, paired))
+    unpaired = GpuEvaluator.result(fake, "c1", {k: v for k, v in reply.items() if k != "paired_baseline_us"}, {})
+    assert unpaired.baseline_us == latest and math.isclose(unpaired.fitness, geomean_speedup(times, latest))

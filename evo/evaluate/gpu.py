@@ -23,11 +23,13 @@ DEADLINE_FACTOR = 10.0     # x the roofline time of everything one evaluation la
 
 class GpuEvaluator:
     """Evaluates on the local GPU. Options (config `evaluator.gpu`): compile_workers, check_seeds, timeout_floor_s,
-    min_reps, max_reps, target_ms, graph_below_us, finalist_reps, baseline_every_s.
+    min_reps, max_reps, target_ms, graph_below_us, finalist_reps, baseline_every_s, paired.
 
     The baseline is timed by the worker exactly as a candidate is, at setup (after a discarded first pass) and again
     every baseline_every_s seconds between candidates; each fitness is taken against the latest measurement, and
-    every measurement is kept in the run's books (accounting()["baseline"]).
+    every measurement is kept in the run's books (accounting()["baseline"]). With paired, each candidate's cases are
+    timed interleaved with the baseline, sample by sample, as the finalists' A/B is, and its fitness is taken against
+    that paired baseline: drift between two measurements cannot enter a fitness, at twice the timing cost.
 
     A patched genome passes static_check first (invalid_patch / rejected are never compiled), and its SASS is
     scanned for clock and SM-id reads before it may run. A candidate whose binaries and genes equal those of one
@@ -38,7 +40,7 @@ class GpuEvaluator:
     def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
                  compile_workers: int | None = None, check_seeds: int = 2, timeout_floor_s: float = 10.0,
                  min_reps: int = 5, max_reps: int = 50, target_ms: float = 1.5, graph_below_us: float = 250.0,
-                 finalist_reps: int = 100, baseline_every_s: float = 20.0):
+                 finalist_reps: int = 100, baseline_every_s: float = 20.0, paired: bool = False):
         if not baseline_every_s >= 0:
             raise ConfigError(f"config key 'evaluator.gpu.baseline_every_s' must be >= 0 seconds (0: the baseline is "
                               f"timed at setup only), got {baseline_every_s}")
@@ -62,7 +64,7 @@ class GpuEvaluator:
             "check_cases": [Case(s, dt).key for dt in self.dtypes for s in check_shapes],
             "timing": {"min_reps": min_reps, "max_reps": max_reps, "target_ms": target_ms,
                        "graph_below_us": graph_below_us},
-            "known_good": known_good, "baseline_every_s": baseline_every_s,
+            "known_good": known_good, "baseline_every_s": baseline_every_s, "paired": bool(paired),
         })
         ready = self.worker.ready
         self.baseline_us: dict[str, float] = ready["baseline_us"]
@@ -168,6 +170,9 @@ class GpuEvaluator:
             if reply.get("status") == Status.OK.value:   # the whole result: both legs' cases
                 reply = {**reply, "times_us": {**f.times_us, **reply["times_us"]},
                          "iqr_us": {**f.iqr_us, **reply.get("iqr_us", {})}}
+                if "paired_baseline_us" in reply:   # the first leg's pairs too
+                    reply["paired_baseline_us"] = {**{k: f.baseline_us[k] for k in f.times_us},
+                                                   **reply["paired_baseline_us"]}
             out.append(self.result(cand.id, reply, f.build, f.flags))
         return out
 
@@ -223,10 +228,10 @@ class GpuEvaluator:
         status = Status(reply["status"])
         times = reply.get("times_us", {}) if status is Status.OK else {}
         gbps = {k: self.problem.bytes_moved(Case.parse(k)) / (t * 1e-6) / 1e9 for k, t in times.items()}
-        # Against the latest baseline measured by the worker that timed it (one per GPU under workers.backend
-        # local/ray), re-timed between candidates.
+        # Against the baseline timed beside it (paired), else the latest one measured by the worker that timed it
+        # (one per GPU under workers.backend local/ray), re-timed between candidates.
         self.baselines.note(reply)
-        base = reply.get("baseline_us") or self.baseline_us
+        base = {**(reply.get("baseline_us") or self.baseline_us), **reply.get("paired_baseline_us", {})}
         fitness = geomean_speedup(times, {k: base[k] for k in times}) if times else 0.0
         message = reply.get("message", "")
         if reply.get("graph_cases"):

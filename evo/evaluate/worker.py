@@ -10,6 +10,7 @@ Messages over a multiprocessing Pipe, all plain dicts:
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 import traceback
@@ -114,6 +115,7 @@ class Bench:
         self.baseline_us: dict[str, float] = {}
         self.baseline_at = 0.0
         self.graph_mode: dict[str, bool] = dict(setup.get("graph_mode", {}))
+        self.paired = bool(setup.get("paired", False))   # each candidate timed interleaved with the baseline
         self.host_bound: set[str] = set()   # rows whose baseline's host path outlasted the flush (its time may leak)
 
     def pool(self, case: Case) -> Pool:
@@ -174,15 +176,42 @@ class Bench:
         """Rotate through the input sets while timing; then verify the timed output, call once more on the same
         buffers after poisoning (stale results fail), and check canaries and input checksums."""
         pool = self.pool(case)
-        outs = pool.guarded.views
-        fns = [self.prepare(module, genes, case, inputs, outs) for inputs in pool.inputs]
-        gate.poison(outs)
+        fns = [self.prepare(module, genes, case, inputs, pool.guarded.views) for inputs in pool.inputs]
+        gate.poison(pool.guarded.views)
         timing = run_timed(self.timer, fns, graphs=self.graph_mode.get(case.key))
         self.sync()
-        last = pool.inputs[timing.last]
+        self.check_timed(case, pool, fns, timing.last, rng)
+        return timing
+
+    def time_case_paired(self, module: launcher.Module, genes: Mapping[str, Any], case: Case,
+                         rng: random.Random) -> tuple[measure.Timing, measure.Timing]:
+        """time_case with the baseline interleaved sample by sample (each rotating over the input sets, each after
+        its own flush, the case's way: graphs or eager); the same checks after. (candidate, baseline)"""
+        pool = self.pool(case)
+        fns = [self.prepare(module, genes, case, inputs, pool.guarded.views) for inputs in pool.inputs]
+        gate.poison(pool.guarded.views)
+        try:
+            base = [self.problem.baseline(self.baseline, case, inputs) for inputs in pool.inputs]
+            calls, refs = self.paired_calls(case, fns, base)
+            cand, ref = Rotation(calls), Rotation(refs)
+            reps = self.timer.reps_for(self.timer.estimate_us(cand))
+            timings = self.timer.time_interleaved([cand, ref], reps)
+        except Exception as exc:
+            raise Fatal(f"{type(exc).__name__}: {exc}") from exc
+        self.sync()
+        self.check_timed(case, pool, fns, cand.last, rng)
+        graph = calls[0] is not fns[0]   # replays stand in for the launches
+        return tuple(dataclasses.replace(t, graph=graph, last=cand.last) for t in timings)
+
+    def check_timed(self, case: Case, pool: Pool, fns: Sequence[Callable[[], Any]], last_set: int,
+                    rng: random.Random) -> None:
+        """After timing: the output left by the last timed call is right, a repeated call on poisoned buffers is
+        right too (stale results fail), and canaries and input checksums are intact."""
+        outs = pool.guarded.views
+        last = pool.inputs[last_set]
         self.verify_sample(case, last, outs, "timed output", rng)
         gate.poison(outs)
-        run(fns[timing.last])
+        run(fns[last_set])
         self.sync()
         self.verify_sample(case, last, outs, "repeated call on the same buffers", rng)
         bad = pool.guarded.violations() or next((v for v in map(gate.Guarded.violations, pool.input_guards) if v),
@@ -191,7 +220,6 @@ class Bench:
              for k, v in checksum(inp).items() if v != pool.checksums[i][k]), None)
         if bad:
             raise Rejected(Status.INCORRECT, f"{case.key}: {bad}" if not bad.startswith(case.key) else bad)
-        return timing
 
     def floor_us(self, case: Case) -> float:
         return self.problem.bytes_moved(case) / (ROOFLINE_SLACK * self.copy_gbps * 1e9) * 1e6 if self.copy_gbps else 0
@@ -218,16 +246,21 @@ class Bench:
                 self.gate_case(modules[case.dtype], genes, case, rng)
             if req.get("check_only"):
                 return {"status": Status.OK.value, "message": "passed the gate (not timed)"}
-            times, iqrs, graphs = {}, {}, []
+            times, iqrs, graphs, paired = {}, {}, [], {}
             for case in timed:
-                timing = self.time_case(modules[case.dtype], genes, case, rng)
+                if self.paired:
+                    timing, ref = self.time_case_paired(modules[case.dtype], genes, case, rng)
+                    paired[case.key] = ref.median_us
+                else:
+                    timing = self.time_case(modules[case.dtype], genes, case, rng)
                 if timing.median_us < self.floor_us(case):
                     timing = self.roofline_recheck(modules[case.dtype], genes, case, rng)
                 times[case.key], iqrs[case.key] = timing.median_us, timing.iqr_us
                 graphs += [case.key] if timing.graph else []
         except Rejected as exc:
             return {"status": exc.status.value, "message": str(exc)[:4000]}
-        return {"status": Status.OK.value, "times_us": times, "iqr_us": iqrs, "graph_cases": graphs, "message": ""}
+        out = {"status": Status.OK.value, "times_us": times, "iqr_us": iqrs, "graph_cases": graphs, "message": ""}
+        return {**out, "paired_baseline_us": paired} if self.paired else out
 
     def retime(self, req: Mapping[str, Any]) -> dict[str, Any]:
         """A finalist: candidate and baseline interleaved sample by sample, with many repetitions, per case."""
@@ -242,8 +275,7 @@ class Bench:
                 base = self.problem.baseline(self.baseline, case, pool.inputs[0])
                 gate.poison(pool.guarded.views)
                 try:   # timed the case's way, as in the search: host time must not leak into either
-                    pair = self.timed_pair(case, fn, base)
-                    cand, ref = self.timer.time_interleaved(pair, reps)
+                    cand, ref = self.timer.time_interleaved(sum(self.paired_calls(case, [fn], [base]), []), reps)
                 except Exception as exc:
                     raise Fatal(f"{type(exc).__name__}: {exc}") from exc
                 self.sync()
@@ -274,13 +306,17 @@ class Bench:
         self.baseline_us, self.baseline_at = out, time.perf_counter()
         return out
 
-    def timed_pair(self, case: Case, fn: Callable[[], Any], base: Callable[[], Any]) -> list[Callable[[], Any]]:
-        """A finalist and its baseline, as CUDA-graph replays where the case is graph-timed (both eager if either
-        cannot be captured)."""
+    def paired_calls(self, case: Case, fns: Sequence[Callable[[], Any]], base: Sequence[Callable[[], Any]]
+                     ) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]]]:
+        """A candidate's calls and the baseline's, as CUDA-graph replays where the case is graph-timed (all eager if
+        any cannot be captured)."""
         mode = self.graph_mode.get(case.key)
+        both = [*fns, *base]
         if mode is None:
-            return self.timer.graphed_together([fn, base])[0]
-        return (self.timer.graphed([fn, base]) if mode else None) or [fn, base]
+            both = self.timer.graphed_together(both)[0]
+        elif mode:
+            both = self.timer.graphed(both) or both
+        return both[:len(fns)], both[len(fns):]
 
     def baseline_due(self) -> bool:
         return self.baseline_every_s > 0 and time.perf_counter() - self.baseline_at >= self.baseline_every_s
@@ -296,6 +332,18 @@ class Bench:
             return {"baseline_error": f"{type(exc).__name__}: {exc}"[:500]}
         return {"baseline_retimed_us": fresh, "baseline_gpu_s": time.perf_counter() - begin,
                 "baseline_host_bound": sorted(self.host_bound)}
+
+
+class Rotation:
+    """One callable that calls the next of several on each call (the input sets in turn); `last` says which ran
+    last, so that its output can be checked."""
+
+    def __init__(self, calls: Sequence[Callable[[], Any]]):
+        self.calls, self.last = list(calls), -1
+
+    def __call__(self) -> Any:
+        self.last = (self.last + 1) % len(self.calls)
+        return self.calls[self.last]()
 
 
 def classify(text: str) -> Exception:

@@ -115,3 +115,29 @@ def test_racing_legs_gate_once_and_time_the_cases_asked(evaluator):
     assert rest.status is Status.OK and set(rest.times_us) == {c.key for c in CASES}
     assert rest.times_us[keys[0]] == first.times_us[keys[0]] and rest.fitness > 0 and rest.gpu_s > 0
     assert evaluator.accounting()["compile_wait_s"] >= 0
+
+
+def test_paired_timing_takes_each_fitness_against_the_baseline_timed_beside_it(tmp_path):
+    """evaluator.gpu.paired: every case of a candidate is timed interleaved with the baseline; the result carries
+    that baseline, the fitness is its geomean against the candidate's times, and a wrong kernel still fails."""
+    import math
+    from kernel_factory.evo.evaluate.gpu import GpuEvaluator
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    cases = [Case((4096, 1024), "bfloat16"), Case((8192, 8192), "bfloat16")]
+    ev = GpuEvaluator(problem, cases, "torch_eager", 0, str(tmp_path), compile_workers=4, paired=True)
+    try:
+        defaults = problem.space.defaults()
+        good = [Candidate(Genome.of({**defaults, "unroll": u})) for u in (1, 4)]
+        bad = patched(problem, "second_pass", second_pass(problem, *WRONG_EDITS["scaled"]))
+        results = ev.evaluate([*good, bad])
+        setup = dict(ev.baseline_us)
+    finally:
+        ev.close()
+    ok, wrong = results[:2], results[2]
+    assert all(r.status is Status.OK for r in ok), [r.message for r in ok]
+    assert wrong.status is Status.INCORRECT, wrong.message
+    for r in ok:
+        assert set(r.baseline_us) == {c.key for c in cases} and r.baseline_us != setup
+        want = math.exp(sum(math.log(r.baseline_us[k] / r.times_us[k]) for k in r.times_us) / len(r.times_us))
+        assert math.isclose(r.fitness, want, rel_tol=1e-9)
+    assert ok[0].baseline_us != ok[1].baseline_us, "each candidate has its own paired baseline"
