@@ -17,10 +17,13 @@
 #   end (carry .gpu-a .gpu-rec): a second session block after changes to the evaluator or the templates: the GPU
 #      suite, the sub-warp timing tables (tests/gpu/subwarp_times.py, subwarp_bwd_times.py), then the fp16
 #      recording resumed, in what is left of the call, from the partial file carried in .gpu-rec/
+#   paired (carry .gpu-a .gpu-rec): the agreement with evaluator.gpu.paired on (the two runs that parted by 4% on
+#      2026-12-03: the quickstart against torch eager, softmax against torch.compile, and the quickstart against
+#      torch.compile), then the fp16 recording resumed in what is left of the call
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
-stage="${1:?usage: trust.sh a|b|c|heldout|bench-bf16|racing|end}"
+stage="${1:?usage: trust.sh a|b|c|heldout|bench-bf16|racing|end|paired}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -89,5 +92,16 @@ end)
     --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
   cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
   ;;
-*) echo "trust.sh: unknown stage $stage (a, b, c, heldout, bench-bf16, racing or end)" >&2; exit 2 ;;
+paired)
+  KF_PEERS=liger setup .gpu-a
+  AGREE_S=170 agreement quickstart-paired configs/quickstart.yaml torch_eager,torch_compile -o search.generations=3 \
+    -o evaluator.gpu.paired=true
+  AGREE_S=150 agreement softmax-paired configs/softmax.yaml torch_compile -o evaluator.gpu.paired=true
+  left=$(( 575 - SECONDS ))
+  echo "recording for $left s"
+  [ "$left" -gt 30 ] && timeout "$left" kernel-factory record configs/rmsnorm_fwd_record.yaml -o 'dtypes=[float16]' \
+    --sample 1000 --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
+  cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
+  ;;
+*) echo "trust.sh: unknown stage $stage (a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
 esac
