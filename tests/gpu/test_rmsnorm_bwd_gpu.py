@@ -104,6 +104,15 @@ def build_all(named: dict[str, dict], cache) -> dict[str, tuple[dict, dict]]:
     return out
 
 
+def build_changes(changes: dict[str, dict], cache) -> dict[str, tuple[dict, dict]]:
+    """build_all of named genomes given as changes to the defaults, each checked feasible first."""
+    p = problem()
+    named = {name: {**p.space.defaults(), **kw} for name, kw in changes.items()}
+    for name, g in named.items():
+        assert p.space.why_infeasible(g) is None, (name, p.space.why_infeasible(g))
+    return build_all(named, cache)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     return build_all(genomes(), tmp_path_factory.mktemp("bwd-gpu-cache"))

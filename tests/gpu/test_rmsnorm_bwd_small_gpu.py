@@ -11,7 +11,7 @@ import random
 import pytest
 
 from kernel_factory.evo.types import Case
-from test_rmsnorm_bwd_gpu import bench, build_all   # noqa: F401  (bench: the worker's state, a fixture)
+from test_rmsnorm_bwd_gpu import bench, build_changes   # noqa: F401  (bench: the worker's state, a fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -34,19 +34,10 @@ SMALL = {
 }
 
 
-def problem():
-    from kernel_factory.problems.rmsnorm_bwd import problem as p
-    return p
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """name -> (genes, {dtype: cubin})."""
-    p = problem()
-    named = {name: {**p.space.defaults(), **kw} for name, kw in SMALL.items()}
-    for name, g in named.items():
-        assert p.space.why_infeasible(g) is None, (name, p.space.why_infeasible(g))
-    return build_all(named, tmp_path_factory.mktemp("bwd-small-cache"))
+    return build_changes(SMALL, tmp_path_factory.mktemp("bwd-small-cache"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
