@@ -12,8 +12,7 @@ import random
 
 import pytest
 
-from kernel_factory.evo.types import Case
-from test_rmsnorm_bwd_gpu import bench, build_changes   # noqa: F401  (bench: the worker's state, a fixture)
+from test_rmsnorm_bwd_gpu import bench, build_changes, gate_shapes   # noqa: F401  (bench: a fixture)
 from test_rmsnorm_bwd_subwarp import SUBWARP            # the CPU test's genomes (tests/ is on the path there too)
 
 pytestmark = pytest.mark.gpu
@@ -33,19 +32,10 @@ def built(tmp_path_factory):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sub_warp_genomes_pass_the_gate(built, bench, dtype):
-    from kernel_factory.evo.evaluate import launcher, worker
     from kernel_factory.problems import rmsnorm_bwd as mod
-    rng = random.Random(29)
     shapes = [(m, n) for m in MS for n in NS] + list(LARGE_M) + list(WIDE)
-    failures, paths = [], set()
-    for name, (g, cubins) in built.items():
-        loaded = launcher.Module(cubins[dtype], "rmsnorm_bwd")
-        for m, n in shapes:
-            paths.add(mod.plan(g, m, n, dtype).flags & ~mod.PLAN_VECTOR)
-            try:
-                bench.gate_case(loaded, g, Case((m, n), dtype), rng)
-            except worker.Rejected as exc:
-                failures.append(f"{name} ({m}, {n}): {exc.status.value}: {str(exc)[:300]}")
+    failures = gate_shapes(bench, built, dtype, shapes, random.Random(29))
     assert not failures, "\n".join(failures)
     # every placement of dw partials ran: per warp, per row group in shared memory, global
+    paths = {mod.plan(g, m, n, dtype).flags & ~mod.PLAN_VECTOR for g, _ in built.values() for m, n in shapes}
     assert {mod.PLAN_DW_SMEM | mod.PLAN_DW_WARP, mod.PLAN_DW_SMEM, mod.PLAN_DW_GLOBAL} <= paths, paths
