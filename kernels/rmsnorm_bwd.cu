@@ -11,7 +11,8 @@
 //  rmsnorm_bwd_dw  sums the partial rows column by column into dw.
 // No atomic is shared between threads and every sum has a fixed order: two launches give bitwise the same dx, dw.
 //
-// Layout: TPRC = CLUSTER * THREADS / ROWS_PER_CTA threads share a row; thread gl = rank * TPR + lane owns vectors
+// Layout: TPRC = CLUSTER * THREADS / ROWS_PER_CTA threads share a row (TPR below 32: sub-warp rows, 32 / TPR rows
+// in each warp, summed by butterflies within each group of TPR lanes); thread gl = rank * TPR + lane owns vectors
 // v = gl + k * TPRC (k = 0 .. K-1) of every row, so its dw columns never change. Its vectors k < REG_VECS keep x
 // and dy in registers between the two passes (the next row's too, with PREFETCH) and w for the whole kernel; later
 // vectors are streamed: read twice (the second time mostly from L2), STREAM_BATCH at a time, their loads issued
@@ -35,6 +36,7 @@
 #define PLAN_VECTOR 1     // N % VEC == 0 and every pointer aligned: vector accesses, else one element at a time
 #define PLAN_DW_SMEM 2    // dw partials not in registers go to dynamic shared memory
 #define PLAN_DW_GLOBAL 4  // ... to the partial row of (slot, row group) in global memory; neither: all in registers
+#define PLAN_DW_WARP 8    // sub-warp rows, all in registers: a warp's groups add theirs by shuffles, a region per warp
 
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;
@@ -50,7 +52,8 @@ constexpr int VEC = VEC_BYTES / (int)sizeof(elem_t);          // elements per ve
 constexpr int WORDS = VEC_BYTES / 4;                          // 32-bit words per vector
 constexpr int KV = REG_VECS;                                  // vectors per thread kept in registers
 constexpr int SB = STREAM_BATCH;                              // streamed vectors loaded at once
-static_assert(THREADS % ROWS_PER_CTA == 0 && TPR % 32 == 0, "a row needs whole warps");
+static_assert(THREADS % ROWS_PER_CTA == 0 && (TPR % 32 == 0 || (TPR >= 2 && 32 % TPR == 0)),
+              "a row takes whole warps, or 2, 4, 8 or 16 lanes of one (sub-warp rows)");
 static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
 static_assert(CLUSTER == 1 || (ROWS_PER_CTA == 1 && TPR > 32), "a cluster shares one row of several warps a CTA");
 static_assert(CLUSTER <= 16, "clusters of up to 16 CTAs (above 8: non-portable, allowed by the launcher)");
@@ -155,9 +158,14 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
   const int gl = rank * TPR + lane, nv = a.N / V, K = (nv + TPRC - 1) / TPRC;
   const bool in_smem = a.plan & PLAN_DW_SMEM;
   const bool in_global = a.plan & PLAN_DW_GLOBAL;
-  float* dsm = dsm_all + (size_t)grp * K * V * TPR;
-  // Global partials get a row per (slot, row group), so that every element has exactly one owner thread.
+  // Sub-warp rows with every partial in registers: shared memory holds a region per warp, not per row group.
+  const bool by_warp = TPR < 32 && (a.plan & PLAN_DW_WARP);
+  const int regions = by_warp ? THREADS / 32 : ROWS_PER_CTA;
+  float* dsm = dsm_all + (size_t)(by_warp ? threadIdx.x / 32 : grp) * K * V * TPR;
+  // Global partials get a row per (slot, row group), so that every element has exactly one owner thread. With
+  // sub-warp rows only a group that starts within M owns one (the plan counts partial rows below M).
   float* prow = a.partial + (size_t)(in_global ? slot * ROWS_PER_CTA + grp : slot) * a.N;
+  const bool parked = TPR < 32 && in_global && slot * ROWS_PER_CTA + grp >= a.M;
 
   float wr[KV][V], dwr[KV][V];
 #pragma unroll
@@ -168,10 +176,10 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
   }
   const float zero[V] = {};
   for (int k = 0; gl + k * TPRC < nv; ++k) {   // every partial this thread owns starts at zero
-    if (in_smem) {
+    if (in_smem && !by_warp) {                 // (a warp's region is written once, at the end)
 #pragma unroll
       for (int e = 0; e < V; ++e) dsm[(k * V + e) * TPR + lane] = 0.f;
-    } else if (in_global) {
+    } else if (in_global && !parked) {
       store_f32<V>(prow + (size_t)(gl + k * TPRC) * V, zero);
     }
   }
@@ -271,11 +279,16 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
   // partials to the global row, or store them (all in registers, one row group).
   if (in_smem) {
     if constexpr (DW_ACC == DW_ACC_REGS) {
+      if constexpr (TPR < 32) {
+        if (by_warp) warp_dw<V>(dwr, dsm, gl, nv, lane);
+      }
+      if (!by_warp) {
 #pragma unroll
-      for (int k = 0; k < KV; ++k)
-        if (gl + k * TPRC < nv)
+        for (int k = 0; k < KV; ++k)
+          if (gl + k * TPRC < nv)
 #pragma unroll
-          for (int e = 0; e < V; ++e) dsm[(k * V + e) * TPR + lane] += dwr[k][e];
+            for (int e = 0; e < V; ++e) dsm[(k * V + e) * TPR + lane] += dwr[k][e];
+      }
     }
     __syncthreads();
     for (int k = grp; gl + k * TPRC < nv; k += ROWS_PER_CTA) {
@@ -283,11 +296,11 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         t[e] = 0.f;
-        for (int g = 0; g < ROWS_PER_CTA; ++g) t[e] += dsm_all[(size_t)g * K * V * TPR + (k * V + e) * TPR + lane];
+        for (int g = 0; g < regions; ++g) t[e] += dsm_all[(size_t)g * K * V * TPR + (k * V + e) * TPR + lane];
       }
       store_f32<V>(prow + (size_t)(gl + k * TPRC) * V, t);
     }
-  } else if (DW_ACC == DW_ACC_REGS) {
+  } else if (DW_ACC == DW_ACC_REGS && !parked) {
 #pragma unroll
     for (int k = 0; k < KV; ++k) {
       const int v = gl + k * TPRC;

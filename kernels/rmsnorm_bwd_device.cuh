@@ -238,8 +238,11 @@ constexpr int RED_SLOTS = THREADS;
 __device__ __forceinline__ float row_sum(float v, float* red, Cluster* cl, int grp, int lane, int it) {
   red += (it & 1) * RED_SLOTS;
 #if REDUCE == REDUCE_SHFL
+  // Butterfly offsets 16 .. 1 for rows of whole warps, TPR/2 .. 1 within a sub-warp row's group of TPR lanes (xor by
+  // less than TPR stays inside the group). Every lane of the warp takes part in every shuffle, as the row loop runs
+  // alike in the whole CTA (idle rows included), so the full member mask holds.
 #pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v += shfl_bfly(v, m);
+  for (int m = (TPR < 32 ? TPR : 32) / 2; m > 0; m >>= 1) v += shfl_bfly(v, m);
 #if CLUSTER_SUM == CLUSTER_SUM_WARPS
   v = cluster_share(v, *cl, it);
 #pragma unroll
@@ -270,6 +273,24 @@ __device__ __forceinline__ float row_sum(float v, float* red, Cluster* cl, int g
   return v;
 }
 // ---- KF-EDIT-END reduce ----------------------------------------------------------------------------------------
+
+// Sub-warp rows (PLAN_DW_WARP): the 32 / TPR row groups of a warp own the same columns at lanes TPR apart, so xor
+// offsets 16 .. TPR add their register partials (every lane shuffles every slot, in use or not: full mask), and the
+// warp's first group writes the sum into the warp's shared region.
+template <int V> __device__ __forceinline__ void warp_dw(float (&dwr)[KV][V], float* dsm, int gl, int nv, int lane) {
+#pragma unroll
+  for (int k = 0; k < KV; ++k)
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+#pragma unroll
+      for (int m = 16; m >= TPR; m >>= 1) dwr[k][e] += shfl_bfly(dwr[k][e], m);
+  if (threadIdx.x % 32 >= TPR) return;
+#pragma unroll
+  for (int k = 0; k < KV; ++k)
+    if (gl + k * TPRC < nv)
+#pragma unroll
+      for (int e = 0; e < V; ++e) dsm[(k * V + e) * TPR + lane] = dwr[k][e];
+}
 
 // ---- a row's register vectors: straight into registers, or through the cp.async ring ---------------------------
 struct Args {   // the main kernel's arguments

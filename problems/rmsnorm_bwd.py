@@ -18,9 +18,9 @@ from ..kernels import templates
 from .rmsnorm_fwd import PEERS
 from .rmsnorm_bwd_plan import (  # noqa: F401  (re-exported: tests and tools read them here)
     DIRECT_ROWS, DTYPE_BYTES, DW_THREADS, EPS, MAX_SMEM_PER_CTA, MAX_STATIC_SMEM, MIN_RING_THREADS_PER_SM,
-    MAX_CTAS_PER_SM, MAX_ROWS_PER_CTA, MIN_THREADS_PER_SM, PLAN_DW_GLOBAL, PLAN_DW_SMEM, PLAN_VECTOR,
-    RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS, SLOT_ROWS, SMEM_PER_SM, SMEM_SLACK, SMS, THREADS_PER_SM, Plan, plan,
-    recipe, register_limit, registers, ring_bytes, scratch_rows, static_smem)
+    MAX_CTAS_PER_SM, MAX_ROWS_PER_CTA, MIN_THREADS_PER_SM, PLAN_DW_GLOBAL, PLAN_DW_SMEM, PLAN_DW_WARP,
+    PLAN_VECTOR, RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS, SLOT_ROWS, SMEM_PER_SM, SMEM_SLACK, SMS,
+    SUBWARP_TPR, THREADS_PER_SM, Plan, plan, recipe, register_limit, registers, ring_bytes, scratch_rows, static_smem)
 
 
 def _rule(g: Mapping[str, GeneValue]) -> str | None:
@@ -28,8 +28,9 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
     the compiler sees them."""
     threads, rows, cluster = int(g["threads"]), int(g["rows_per_cta"]), int(g["cluster"])
     tpr, per_sm = threads // rows, threads * int(g["ctas_per_sm"])
-    if threads % rows or tpr % 32:
-        return f"threads={threads} / rows_per_cta={rows} must give whole warps per row"
+    if threads % rows or (tpr % 32 and tpr not in SUBWARP_TPR):
+        return (f"threads={threads} / rows_per_cta={rows} must give whole warps per row, or "
+                f"{'/'.join(map(str, SUBWARP_TPR))} threads per row (sub-warp rows)")
     if per_sm > THREADS_PER_SM:
         return f"{g['ctas_per_sm']} CTAs of {threads} threads exceed the {THREADS_PER_SM} threads of an SM"
     ring = int(g["stages"]) > 0
@@ -49,8 +50,8 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
     if g["small_m"] == "grouped" and -(-(direct + 1) // (rows * SLOT_ROWS)) >= resident:
         return (f"small_m=grouped changes no plan of cluster={cluster}: past the direct plan's {direct} rows, "
                 f"slots of {SLOT_ROWS} rows are already all {resident} resident ones; use small_m=direct")
-    if g["reduce"] == "smem" and tpr == 32:
-        return "a one-warp row sums with shuffles; reduce=smem is for rows of several warps"
+    if g["reduce"] == "smem" and tpr <= 32:
+        return f"a row of {tpr} threads (one warp or less) sums with shuffles; reduce=smem is for rows of several warps"
     if static_smem(g) > MAX_STATIC_SMEM:
         return f"{static_smem(g)} B of static shared memory exceeds {MAX_STATIC_SMEM} B"
     if int(g["stages"]) and g["prefetch"]:
@@ -68,7 +69,9 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
 SPACE = GeneSpace(
     genes=(
         Gene("threads", (128, 256, 512, 1024), 256, doc="threads per CTA"),
-        Gene("rows_per_cta", (1, 2, 4, 8), 1, doc="rows processed at once by one CTA (threads/rows = 32: warp per row)"),
+        Gene("rows_per_cta", (1, 2, 4, 8, 16, 32, 64), 1,
+             doc="rows processed at once by one CTA (threads/rows = 32: warp per row; 16..2: sub-warp rows, a warp "
+                 "holds 2..16 rows)"),
         Gene("vec_bytes", (8, 16), 16, doc="bytes per vector load/store of x, dy, dx"),
         Gene("load", ("plain", "nc", "nc_na"), "nc", kind="ptx",
              doc="x and dy: ld.global | ld.global.nc | ld.global.nc.L1::no_allocate"),

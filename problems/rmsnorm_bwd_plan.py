@@ -26,10 +26,10 @@ SMEM_SLACK = 1024                  # static shared memory beyond static_smem()'s
 # partials live in global memory, one row per row group), never more rows than M + MAX_ROWS_PER_CTA, and no more than
 # SCRATCH_BYTES of them at very wide N (the plan then launches fewer slots).
 MAX_CTAS_PER_SM = 4
-MAX_ROWS_PER_CTA = 8
+MAX_ROWS_PER_CTA = 8               # of a warp or more per row; sub-warp rows (below) keep within M instead
 SCRATCH_BYTES = 256 * 2**20
 DW_THREADS = 256                   # the template's rmsnorm_bwd_dw block
-PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL = 1, 2, 4   # the template's PLAN_* flags
+PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL, PLAN_DW_WARP = 1, 2, 4, 8   # the template's PLAN_* flags
 BASE_REGS = 28                     # registers besides the slots and one vector's unpacked temporaries
 RING_REGS = 16                     # more with a cp.async ring: slot addresses, and both passes' loads from it
 # A cluster's CTAs share one GPC, and the H200's GPCs hold different numbers of SMs, so fewer than SMS // cluster
@@ -42,6 +42,10 @@ RESIDENT_CLUSTERS = {4: 30, 8: 15, 16: 7}
 # a row (so up to 8 rows for one CTA, 128 for a cluster of 16). Grouped plans give a slot this many rows at least.
 DIRECT_ROWS = 8
 SLOT_ROWS = 4
+# Sub-warp rows: threads per row below a warp (rows_per_cta above threads / 32), a warp holding 32 / TPR rows. Their
+# global partials take a row per (slot, row group) only for the groups that start within M (partial rows 0 .. M-1
+# at most), so that rows_per_cta up to 64 fits the scratch of any N up to SCRATCH_BYTES / (4 * 64) = 1M elements.
+SUBWARP_TPR = (2, 4, 8, 16)
 
 
 def registers(g: Mapping[str, GeneValue]) -> int:
@@ -67,7 +71,7 @@ def static_smem(g: Mapping[str, GeneValue]) -> int:
     threads, cluster, tpr = int(g["threads"]), int(g["cluster"]), int(g["threads"]) // int(g["rows_per_cta"])
     warps = g["cluster_sum"] == "warps"   # every warp's sum crosses the cluster: no CTA step, a slot per warp
     # a one-warp row, or warps pushing their sums across the cluster, shuffle only
-    red = threads if g["reduce"] == "smem" else 0 if tpr == 32 or warps else threads // 32
+    red = threads if g["reduce"] == "smem" else 0 if tpr <= 32 or warps else threads // 32
     return 4 * 2 * red + (16 + 8 * cluster * (threads // 32 if warps else 1) if cluster > 1 else 0)
 
 
@@ -97,7 +101,11 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
     Small M (gene small_m; at "none" the recipe is the one every shipped genome was timed with). At M up to
     DIRECT_ROWS per CTA of a slot, one slot (one CTA, or one cluster that shares each row) runs every row and its
     partial row is dw itself: one launch, no scratch, no second kernel. "grouped" also gives each slot SLOT_ROWS
-    rows at least above that, which cuts the partial rows rmsnorm_bwd_dw reads from M to about M / SLOT_ROWS."""
+    rows at least above that, which cuts the partial rows rmsnorm_bwd_dw reads from M to about M / SLOT_ROWS.
+
+    Sub-warp rows (threads / rows_per_cta below 32): shared-memory partials per warp where the register vectors cover
+    the row (_by_warp), and global partial rows only for the row groups that start within M (_group_rows); a genome
+    of whole-warp rows gets the recipe it always had."""
     threads, rows, cluster = int(g["threads"]), int(g["rows_per_cta"]), int(g["cluster"])
     tpr = threads // rows
     vec_bytes = int(g["vec_bytes"])
@@ -106,6 +114,7 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
     aligned = ["and", *(["le", vec_bytes, ["align", t]] for t in ("x", "dy", "dx")),
                *(["le", 16, ["align", t]] for t in ("w", "dw", "dw_partial"))]
     in_regs = g["dw_acc"] == "regs" and rows == 1
+    by_warp = g["dw_acc"] == "regs" and tpr < 32   # sub-warp rows: see _by_warp
     resident = RESIDENT_CLUSTERS.get(cluster, SMS // cluster) * int(g["ctas_per_sm"])   # clusters that fit at once
     let = [
         ["aligned", aligned],
@@ -113,17 +122,18 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
         ["width", ["if", "vector", vec, 1]],
         ["vecs", ["cdiv", ["div", "N", "width"], tpr * cluster]],
         ["partials", ["mul", "vecs", ["mul", "width", rows * tpr * 4]]],
+        *(_by_warp(threads, tpr, int(g["reg_vecs"])) if by_warp else []),
         ["own", ["add", static_smem(g) + SMEM_SLACK + ring, "partials"]],
         ["in_regs", ["and", in_regs, ["le", "vecs", int(g["reg_vecs"])]]],
         ["in_smem", ["and", ["le", "own", MAX_SMEM_PER_CTA],
                      ["le", ["mul", int(g["ctas_per_sm"]), ["add", "own", 1024]], SMEM_PER_SM]]],
-        ["flags", ["if", "in_regs", 0, ["if", "in_smem", PLAN_DW_SMEM, PLAN_DW_GLOBAL]]],
+        ["flags", ["if", "in_regs", 0, ["if", "in_smem", _smem_flags(by_warp), PLAN_DW_GLOBAL]]],
         ["shared", ["if", ["and", ["not", "in_regs"], "in_smem"], ["add", ring, "partials"], ring]],
         ["scratch", SCRATCH_ROWS],
         ["cap", ["div", "scratch", ["if", ["eq", "flags", PLAN_DW_GLOBAL], rows, 1]]],
         ["slots", ["max", 1, ["min", ["cdiv", "M", rows * (SLOT_ROWS if g["small_m"] == "grouped" else 1)],
                               resident, "cap"]]],
-        ["partial_rows", ["if", ["eq", "flags", PLAN_DW_GLOBAL], ["mul", "slots", rows], "slots"]],
+        ["partial_rows", ["if", ["eq", "flags", PLAN_DW_GLOBAL], _group_rows(rows, tpr), "slots"]],
         ["dw_width", ["if", ["and", ["eq", ["mod", "N", 4], 0], "aligned"], 4, 1]],
         ["columns", ["cdiv", "N", "dw_width"]],
         ["qx", ["if", ["le", SMS, ["cdiv", "columns", 8]], 8, ["if", ["le", SMS, ["cdiv", "columns", 4]], 4,
@@ -150,6 +160,26 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
     # Scratch for exactly the partial rows written (none when the one slot writes dw: no step names it then).
     return {"let": let, "buffers": {"dw_partial": {"dtype": "float32", "shape": ["partial_rows", "N"]}},
             "steps": [alone, {**main, "when": ["not", "direct"]}, {**reduce, "when": ["not", "direct"]}]}
+
+
+def _by_warp(threads: int, tpr: int, reg_vecs: int) -> list:
+    """Sub-warp rows whose vectors all stay in registers (dw_acc=regs): at the end the 32 / TPR row groups of a warp,
+    which own the same columns, add their dw partials by shuffles, so shared memory holds a region per warp instead
+    of one per row group (PLAN_DW_WARP with PLAN_DW_SMEM): 4 KB rather than 64 KB for 128 threads of rows of 256."""
+    return [["by_warp", ["le", "vecs", reg_vecs]],
+            ["partials", ["if", "by_warp", ["mul", "vecs", ["mul", "width", threads // 32 * tpr * 4]], "partials"]]]
+
+
+def _smem_flags(by_warp: bool) -> int | list:
+    """The flags of partials in shared memory: per warp where _by_warp's condition holds, else per row group."""
+    return ["if", "by_warp", PLAN_DW_SMEM | PLAN_DW_WARP, PLAN_DW_SMEM] if by_warp else PLAN_DW_SMEM
+
+
+def _group_rows(rows: int, tpr: int) -> list:
+    """Partial rows of a plan with global partials, one per (slot, row group): every group's, or with sub-warp rows
+    those of the groups that start within M (the template's other groups leave the scratch alone)."""
+    every = ["mul", "slots", rows]
+    return ["min", every, "M"] if tpr < 32 else every
 
 
 @dataclass(frozen=True)

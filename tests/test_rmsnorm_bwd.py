@@ -33,7 +33,12 @@ SPREAD = [dict(), dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, v
           dict(threads=512, cluster=16, ctas_per_sm=1, reg_vecs=1, prefetch=False, dw_acc="smem",
                cluster_sum="warps", stream_batch=4),
           dict(threads=256, cluster=8, ctas_per_sm=2, reg_vecs=1, stages=2, prefetch=False, dw_acc="smem",
-               stream_batch=2)]
+               stream_batch=2),
+          # sub-warp rows (tests/test_rmsnorm_bwd_subwarp.py has more): 2 and 8 threads a row, rows_per_cta 16 to 64
+          dict(threads=128, rows_per_cta=64, ctas_per_sm=4, reg_vecs=1, vec_bytes=8),
+          dict(threads=256, rows_per_cta=32, ctas_per_sm=2, stages=2, prefetch=False),
+          dict(threads=128, rows_per_cta=16, ctas_per_sm=4, reg_vecs=1, prefetch=False, dw_acc="smem",
+               stream_batch=2, small_m="direct")]
 
 
 def genes(**kw):
@@ -69,7 +74,7 @@ def test_space_is_tens_of_thousands_and_every_value_is_reachable():
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(threads=128, rows_per_cta=8), "whole warps"),
+    (dict(threads=512, rows_per_cta=64, reduce="smem"), "shuffles"),
     (dict(threads=1024, ctas_per_sm=4), "threads of an SM"),
     (dict(threads=128, ctas_per_sm=2), "persistent grid busy"),
     (dict(threads=512, rows_per_cta=2), "CTA of its own"),
@@ -188,8 +193,10 @@ def test_plans_stay_within_grid_scratch_and_shared_memory(kw):
         assert bool(p.flags & mod.PLAN_VECTOR) == (n % width == 0), label
         assert 1 <= p.slots <= min(-(-m // rows), mod.SMS * int(g["ctas_per_sm"]) // cluster), label
         assert p.grid == p.slots * cluster, label
-        # the template writes partial row `slot`, or `slot * rows_per_cta + group` with global partials
-        assert p.partial_rows == p.slots * (rows if p.flags & mod.PLAN_DW_GLOBAL else 1), label
+        # the template writes partial row `slot`, or `slot * rows_per_cta + group` with global partials (sub-warp
+        # rows: only for the groups that start within M)
+        group_rows = p.slots * rows if threads // rows >= 32 else min(p.slots * rows, m)
+        assert p.partial_rows == (group_rows if p.flags & mod.PLAN_DW_GLOBAL else p.slots), label
         assert p.partial_rows <= mod.scratch_rows(m, n), label
         assert mod.scratch_rows(m, n) * n * 4 <= max(mod.SCRATCH_BYTES, mod.MAX_ROWS_PER_CTA * n * 4), label
         assert mod.static_smem(g) + mod.SMEM_SLACK + p.shared_bytes <= 227 * 1024, label
@@ -200,10 +207,11 @@ def test_plans_stay_within_grid_scratch_and_shared_memory(kw):
         vectors = n // width if p.flags & mod.PLAN_VECTOR else n
         if not p.flags & (mod.PLAN_DW_SMEM | mod.PLAN_DW_GLOBAL):   # all partials in registers: they must fit
             assert rows == 1 and g["dw_acc"] == "regs" and vectors <= int(g["reg_vecs"]) * threads * cluster, label
-        if p.flags & mod.PLAN_DW_SMEM:   # one region per row group: its slots x vector x lanes floats
+        if p.flags & mod.PLAN_DW_SMEM:   # one region per row group (per warp: sub-warp rows' PLAN_DW_WARP)
             vecs_per_thread = -(-vectors // (threads // rows * cluster))
             per = (int(g["vec_bytes"]) // mod.DTYPE_BYTES[dtype] if p.flags & mod.PLAN_VECTOR else 1)
-            assert dw_bytes == rows * vecs_per_thread * per * (threads // rows) * 4, label
+            regions = threads // 32 if p.flags & mod.PLAN_DW_WARP else rows
+            assert dw_bytes == regions * vecs_per_thread * per * (threads // rows) * 4, label
         assert p.dw_qx in (1, 2, 4, 8) and p.dw_width in (1, 4), label
         assert (p.dw_grid - 1) * p.dw_qx * p.dw_width < n <= p.dw_grid * p.dw_qx * p.dw_width, label
 

@@ -104,6 +104,15 @@ def build_all(named: dict[str, dict], cache) -> dict[str, tuple[dict, dict]]:
     return out
 
 
+def build_changes(changes: dict[str, dict], cache) -> dict[str, tuple[dict, dict]]:
+    """build_all of named genomes given as changes to the defaults, each checked feasible first."""
+    p = problem()
+    named = {name: {**p.space.defaults(), **kw} for name, kw in changes.items()}
+    for name, g in named.items():
+        assert p.space.why_infeasible(g) is None, (name, p.space.why_infeasible(g))
+    return build_all(named, cache)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     return build_all(genomes(), tmp_path_factory.mktemp("bwd-gpu-cache"))
@@ -131,18 +140,24 @@ def module(cubin: bytes):
     return launcher.Module(cubin, "rmsnorm_bwd")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_every_genome_passes_the_gate_on_odd_and_held_out_shapes(built, bench, dtype):
-    p = problem()
-    shapes = p.shape_sets["correctness"] + p.shape_sets["heldout"]
-    rng = random.Random(7)
+def gate_shapes(bench, built: dict[str, tuple[dict, dict]], dtype: str, shapes, rng: random.Random) -> list[str]:
+    """Every built genome through the gate on every (M, N) shape in one dtype: the failures, a line each (the
+    small-M and sub-warp GPU tests gate their genomes with it too)."""
     failures = []
     for name, (g, cubins) in built.items():
         loaded = module(cubins[dtype])
         for shape in shapes:
-            bad = gate(bench, loaded, g, Case(shape, dtype), rng)
+            bad = gate(bench, loaded, g, Case(tuple(shape), dtype), rng)
             if bad:
-                failures.append(f"{name} {shape}: {bad[:300]}")
+                failures.append(f"{name} {tuple(shape)}: {bad[:300]}")
+    return failures
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_genome_passes_the_gate_on_odd_and_held_out_shapes(built, bench, dtype):
+    p = problem()
+    failures = gate_shapes(bench, built, dtype, p.shape_sets["correctness"] + p.shape_sets["heldout"],
+                           random.Random(7))
     assert not failures, "\n".join(failures)
 
 

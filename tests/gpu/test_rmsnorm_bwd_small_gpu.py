@@ -10,8 +10,7 @@ import random
 
 import pytest
 
-from kernel_factory.evo.types import Case
-from test_rmsnorm_bwd_gpu import bench, build_all   # noqa: F401  (bench: the worker's state, a fixture)
+from test_rmsnorm_bwd_gpu import bench, build_changes, gate_shapes   # noqa: F401  (bench: a fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -34,35 +33,17 @@ SMALL = {
 }
 
 
-def problem():
-    from kernel_factory.problems.rmsnorm_bwd import problem as p
-    return p
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """name -> (genes, {dtype: cubin})."""
-    p = problem()
-    named = {name: {**p.space.defaults(), **kw} for name, kw in SMALL.items()}
-    for name, g in named.items():
-        assert p.space.why_infeasible(g) is None, (name, p.space.why_infeasible(g))
-    return build_all(named, tmp_path_factory.mktemp("bwd-small-cache"))
+    return build_changes(SMALL, tmp_path_factory.mktemp("bwd-small-cache"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_small_m_genomes_pass_the_gate(built, bench, dtype):
-    from kernel_factory.evo.evaluate import launcher, worker
     from kernel_factory.problems import rmsnorm_bwd as mod
-    rng = random.Random(18)
-    failures, direct_seen = [], 0
-    for name, (g, cubins) in built.items():
-        loaded = launcher.Module(cubins[dtype], "rmsnorm_bwd")
-        for m in MS:
-            for n in NS:
-                direct_seen += mod.plan(g, m, n, dtype).launches == 1
-                try:
-                    bench.gate_case(loaded, g, Case((m, n), dtype), rng)
-                except worker.Rejected as exc:
-                    failures.append(f"{name} ({m}, {n}): {exc.status.value}: {str(exc)[:300]}")
+    shapes = [(m, n) for m in MS for n in NS]
+    failures = gate_shapes(bench, built, dtype, shapes, random.Random(18))
     assert not failures, "\n".join(failures)
-    assert direct_seen >= 20   # the one-launch plan really ran, on several genomes and shapes
+    # the one-launch plan really ran, on several genomes and shapes
+    assert sum(mod.plan(g, m, n, dtype).launches == 1 for g, _ in built.values() for m, n in shapes) >= 20
