@@ -98,15 +98,22 @@ constexpr int RED_SLOTS = THREADS / 32;
 constexpr int RED_SLOTS = THREADS;
 #endif
 
+// Sub-warp rows (TPR < 32): the sum over a row group of TPR lanes. The butterfly's lane masks stay below TPR, so a
+// lane only exchanges with the lanes of its own TPR-aligned group. The member mask is the whole warp: every thread
+// calls row_sum, inactive rows included (a row past M still runs the reduction), so no group is ever missing.
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int m = TPR / 2; m > 0; m >>= 1) v += shfl_bfly(v, m);
+  return v;
+}
+
 // Sum of v over the TPR threads of row group `grp`; every thread of the CTA must call it (it holds a barrier).
-// Sub-warp rows (TPR < 32): the butterfly's lane masks stay below TPR, so a lane only exchanges with the lanes of its
-// own TPR-aligned group. The member mask is the whole warp: every thread calls this, inactive rows included (a
-// row past M still runs the reduction), so no group of the warp is ever missing from the shuffle.
 __device__ __forceinline__ float row_sum(float v, float* red, int lane, int grp) {
 #if REDUCE == REDUCE_SHFL
+  if (TPR < 32) return group_sum(v);
 #pragma unroll
-  for (int m = (TPR < 32 ? TPR : 32) / 2; m > 0; m >>= 1) v += shfl_bfly(v, m);
-  if (TPR <= 32) return v;
+  for (int m = 16; m > 0; m >>= 1) v += shfl_bfly(v, m);
+  if (TPR == 32) return v;
   constexpr int WPR = TPR / 32;
   if ((lane & 31) == 0) red[grp * WPR + (lane >> 5)] = v;
   __syncthreads();
