@@ -47,10 +47,9 @@ constexpr int TPR = THREADS / ROWS_PER_CTA;                  // threads per row
 constexpr int VEC = VEC_BYTES / (int)sizeof(elem_t);          // elements per vector access
 constexpr int WORDS = VEC_BYTES / 4;                          // 32-bit words per vector
 constexpr int REG_VECS = KEEP_X ? 128 / VEC_BYTES : 0;        // vectors per thread kept in registers (128 bytes)
-constexpr bool SUBWARP = TPR < 32;                            // several rows per warp
 static_assert(THREADS % ROWS_PER_CTA == 0 && (TPR % 32 == 0 || TPR == 2 || TPR == 4 || TPR == 8 || TPR == 16),
-              "a row needs whole warps, or 2, 4, 8 or 16 threads of one warp");
-static_assert(!SUBWARP || STAGE == STAGE_NONE, "sub-warp rows are narrow rows: nothing to stage");
+              "a row needs whole warps, or 2, 4, 8 or 16 threads of one warp (sub-warp rows)");
+static_assert(TPR >= 32 || STAGE == STAGE_NONE, "sub-warp rows are narrow rows: nothing to stage");
 static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
 static_assert(CLUSTER == 1 || CLUSTER == 2 || CLUSTER == 4 || CLUSTER == 8 || CLUSTER == 16,
               "clusters of 1 to 16 CTAs (above 8: non-portable, allowed by the launcher)");
