@@ -199,7 +199,7 @@ __device__ __forceinline__ bool weight_vec_ok(const float* w) {
 // One thread's share of a row's peeled elements: head elements lane + k*TPR and tail elements lane + k*TPR, k below
 // EDGE_N. Head and tail are shorter than a vector, so EDGE_N is 1 with whole warps per row; sub-warp rows may have
 // fewer threads than a vector has elements. Their x stays in registers across the reduction.
-constexpr int EDGE_N = (VEC - 1 + TPR - 1) / TPR;
+enum { EDGE_N = (VEC - 1 + TPR - 1) / TPR };   // (an enum: a namespace-scope constexpr changes the binary)
 struct edges_t {
   int head, tail_at, tail;           // head elements [0, head) and tail elements [tail_at, tail_at + tail) of the row
   float hx[EDGE_N], tx[EDGE_N];      // this thread's head and tail elements of x (0 where it has none)

@@ -3,8 +3,11 @@ warp normalizes 16..2 narrow rows), on the CPU: the rule admits them and names w
 is unchanged (and the bundled recording still covers only it), the launch gives each CTA rows_per_cta rows, NVRTC
 compiles them across the template's paths for every dtype, and the row reduction's butterfly reaches the binary with
 lane masks below TPR only. tests/gpu/test_rmsnorm_fwd_subwarp_gpu.py runs them through the correctness gate."""
+import hashlib
 import itertools
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,7 @@ from kernel_factory.evo.types import Candidate, Case, Genome
 from kernel_factory.problems import rmsnorm_fwd as rf
 
 SPACE = rf.problem.space
+OP_TABLE = Path(__file__).resolve().parents[1] / "kernels" / "ops" / "rmsnorm_fwd.json"   # the shipped forward op
 OLD_ROWS = (1, 2, 4)   # rows_per_cta's choices before sub-warp rows: whole warps per row only
 
 # Sub-warp genomes over the template's unstaged paths: registers and streaming, vec8, the cp.async ring, the
@@ -94,6 +98,18 @@ def test_the_space_before_subwarp_rows_is_unchanged():
     feasible = list(SPACE.enumerate())
     assert sum(g["rows_per_cta"] in OLD_ROWS for g in feasible) == 60640
     assert {tpr(g) for g in feasible if g["rows_per_cta"] not in OLD_ROWS} >= set(rf.SUBWARP_TPR) | {32}
+
+
+def test_whole_warp_genomes_build_the_shipped_cubins_byte_for_byte(tmp_path_factory):
+    """Sub-warp rows change nothing for the genomes from before them: the op's shipped kernels (tail scalar and peel)
+    rebuild from today's template to the same bytes."""
+    table = json.loads(OP_TABLE.read_text())
+    named = {(key,): ({**SPACE.defaults(), **table["genomes"][key.split(":")[0]]["genes"]}, key.split(":")[1])
+             for key in table["kernels"] if not table["genomes"][key.split(":")[0]].get("patch")}
+    assert len(named) >= 20 and {g["tail"] for g, _ in named.values()} == {"scalar", "peel"}
+    for (key,), out in compile_all(tmp_path_factory, named).items():
+        assert out.cubin is not None, (key, out.error)
+        assert hashlib.sha256(out.cubin).hexdigest() == table["kernels"][key]["sha256"], f"{key} changed"
 
 
 def test_replay_keeps_to_the_recorded_rows_per_cta():
