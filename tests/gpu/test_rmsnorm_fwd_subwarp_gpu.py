@@ -17,7 +17,7 @@ from test_rmsnorm_fwd_tail_gpu import check, load_modules, runner
 
 pytestmark = pytest.mark.gpu
 
-WIDTHS = (1, 2, 7, 33, 64, 100, 128, 255, 256, 257, 1000, 4100)
+WIDTHS = (1, 2, 7, 33, 100, 128, 255, 256, 257, 1000)
 SHAPES = (tuple(itertools.product((1, 3, 133), WIDTHS))
           + ((32768, 100), (32771, 1), (32771, 7), (32771, 128), (32771, 255), (32771, 256), (32771, 1000)))
 
