@@ -8,8 +8,8 @@
 // Layout: each CTA normalizes ROWS_PER_CTA rows at once, TPR = THREADS / ROWS_PER_CTA threads per row (TPR = 32 is
 // warp-per-row; TPR = 2..16 is sub-warp rows: one warp normalizes 32 / TPR narrow rows, and the row reduction is a
 // butterfly over the TPR lanes of its group). Each thread walks its row in VEC_BYTES-wide vectors, strided by
-// TPR. The first REG_VECS vectors of
-// each thread stay in registers between the two passes (KEEP_X); the rest is re-read for the second pass.
+// TPR. The first REG_VECS vectors of each thread stay in registers between the two passes (KEEP_X); the rest is
+// re-read for the second pass.
 // Rows whose length or alignment rules out vector access take a scalar path, so any (M, N) is correct.
 // TAIL_PEEL narrows that to x and y rows of different alignment: any other row is a scalar head (up to x's first
 // VEC_BYTES-aligned address), a body of whole vectors on the paths below, and a scalar tail; the head and tail are
