@@ -6,8 +6,10 @@
 // inline PTX.
 //
 // Layout: each CTA normalizes ROWS_PER_CTA rows at once, TPR = THREADS / ROWS_PER_CTA threads per row (TPR = 32 is
-// warp-per-row). Each thread walks its row in VEC_BYTES-wide vectors, strided by TPR. The first REG_VECS vectors of
-// each thread stay in registers between the two passes (KEEP_X); the rest is re-read for the second pass.
+// warp-per-row; TPR = 2..16 is sub-warp rows: one warp normalizes 32 / TPR narrow rows, and the row reduction is a
+// butterfly over the TPR lanes of its group). Each thread walks its row in VEC_BYTES-wide vectors, strided by
+// TPR. The first REG_VECS vectors of each thread stay in registers between the two passes (KEEP_X); the rest is
+// re-read for the second pass.
 // Rows whose length or alignment rules out vector access take a scalar path, so any (M, N) is correct.
 // TAIL_PEEL narrows that to x and y rows of different alignment: any other row is a scalar head (up to x's first
 // VEC_BYTES-aligned address), a body of whole vectors on the paths below, and a scalar tail; the head and tail are
@@ -45,7 +47,9 @@ constexpr int TPR = THREADS / ROWS_PER_CTA;                  // threads per row
 constexpr int VEC = VEC_BYTES / (int)sizeof(elem_t);          // elements per vector access
 constexpr int WORDS = VEC_BYTES / 4;                          // 32-bit words per vector
 constexpr int REG_VECS = KEEP_X ? 128 / VEC_BYTES : 0;        // vectors per thread kept in registers (128 bytes)
-static_assert(THREADS % ROWS_PER_CTA == 0 && TPR % 32 == 0, "a row needs whole warps");
+static_assert(THREADS % ROWS_PER_CTA == 0 && (TPR % 32 == 0 || TPR == 2 || TPR == 4 || TPR == 8 || TPR == 16),
+              "a row needs whole warps, or 2, 4, 8 or 16 threads of one warp (sub-warp rows)");
+static_assert(TPR >= 32 || STAGE == STAGE_NONE, "sub-warp rows are narrow rows: nothing to stage");
 static_assert(VEC_BYTES == 8 || VEC_BYTES == 16, "vector accesses are 8 or 16 bytes");
 static_assert(CLUSTER == 1 || CLUSTER == 2 || CLUSTER == 4 || CLUSTER == 8 || CLUSTER == 16,
               "clusters of 1 to 16 CTAs (above 8: non-portable, allowed by the launcher)");

@@ -98,9 +98,19 @@ constexpr int RED_SLOTS = THREADS / 32;
 constexpr int RED_SLOTS = THREADS;
 #endif
 
+// Sub-warp rows (TPR < 32): the sum over a row group of TPR lanes. The butterfly's lane masks stay below TPR, so a
+// lane only exchanges with the lanes of its own TPR-aligned group. The member mask is the whole warp: every thread
+// calls row_sum, inactive rows included (a row past M still runs the reduction), so no group is ever missing.
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int m = TPR / 2; m > 0; m >>= 1) v += shfl_bfly(v, m);
+  return v;
+}
+
 // Sum of v over the TPR threads of row group `grp`; every thread of the CTA must call it (it holds a barrier).
 __device__ __forceinline__ float row_sum(float v, float* red, int lane, int grp) {
 #if REDUCE == REDUCE_SHFL
+  if (TPR < 32) return group_sum(v);
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) v += shfl_bfly(v, m);
   if (TPR == 32) return v;
@@ -186,26 +196,41 @@ __device__ __forceinline__ bool weight_vec_ok(const float* w) {
   return (unsigned long long)w % (VEC % 4 == 0 ? 16 : 8) == 0;
 }
 
-// One thread's share of a row's peeled elements: head element `lane` and tail element `lane` (head and tail are
-// shorter than a vector, so never longer than a row's TPR threads). Their x stays in registers across the reduction.
+// One thread's share of a row's peeled elements: head elements lane + k*TPR and tail elements lane + k*TPR, k below
+// EDGE_N. Head and tail are shorter than a vector, so EDGE_N is 1 with whole warps per row; sub-warp rows may have
+// fewer threads than a vector has elements. Their x stays in registers across the reduction.
+enum { EDGE_N = (VEC - 1 + TPR - 1) / TPR };   // (an enum: a namespace-scope constexpr changes the binary)
 struct edges_t {
-  int head, tail_at, tail;   // head elements [0, head) and tail elements [tail_at, tail_at + tail) of the row
-  float hx, tx;              // this thread's head and tail element of x (0 where it has none)
+  int head, tail_at, tail;           // head elements [0, head) and tail elements [tail_at, tail_at + tail) of the row
+  float hx[EDGE_N], tx[EDGE_N];      // this thread's head and tail elements of x (0 where it has none)
 };
 
 __device__ __forceinline__ edges_t load_edges(const elem_t* xrow, int head, int tail_at, int tail, int lane) {
-  edges_t e{head, tail_at, tail, 0.f, 0.f};
-  if (lane < head) e.hx = to_float(xrow[lane]);
-  if (lane < tail) e.tx = to_float(xrow[tail_at + lane]);
+  edges_t e{head, tail_at, tail, {}, {}};
+#pragma unroll
+  for (int k = 0; k < EDGE_N; ++k) {
+    const int i = lane + k * TPR;
+    e.hx[k] = i < head ? to_float(xrow[i]) : 0.f;
+    e.tx[k] = i < tail ? to_float(xrow[tail_at + i]) : 0.f;
+  }
   return e;
 }
 
-__device__ __forceinline__ float edges_sum_squares(const edges_t& e) { return fmaf(e.hx, e.hx, e.tx * e.tx); }
+__device__ __forceinline__ float edges_sum_squares(const edges_t& e) {
+  float s = fmaf(e.hx[0], e.hx[0], e.tx[0] * e.tx[0]);
+#pragma unroll
+  for (int k = 1; k < EDGE_N; ++k) s += fmaf(e.hx[k], e.hx[k], e.tx[k] * e.tx[k]);
+  return s;
+}
 
 // The same arithmetic as the scalar path, so a row's edges round exactly as they would there.
 __device__ __forceinline__ void store_edges(const edges_t& e, const float* wrow, elem_t* yrow, float rstd, int lane) {
-  if (lane < e.head) yrow[lane] = (elem_t)(e.hx * rstd * __ldg(wrow + lane));
-  if (lane < e.tail) yrow[e.tail_at + lane] = (elem_t)(e.tx * rstd * __ldg(wrow + e.tail_at + lane));
+#pragma unroll
+  for (int k = 0; k < EDGE_N; ++k) {
+    const int i = lane + k * TPR;
+    if (i < e.head) yrow[i] = (elem_t)(e.hx[k] * rstd * __ldg(wrow + i));
+    if (i < e.tail) yrow[e.tail_at + i] = (elem_t)(e.tx[k] * rstd * __ldg(wrow + e.tail_at + i));
+  }
 }
 #endif
 

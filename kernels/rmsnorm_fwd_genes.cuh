@@ -17,7 +17,7 @@
 #ifndef THREADS
 #define THREADS 256
 #endif
-// rows_per_cta (structure): 1 | 2 | 4
+// rows_per_cta (structure): 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128
 #ifndef ROWS_PER_CTA
 #define ROWS_PER_CTA 1
 #endif

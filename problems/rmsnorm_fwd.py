@@ -31,6 +31,7 @@ SMEM_SLACK = 1024          # static shared memory beyond static_smem()'s count (
 # terms per thread in another order stay far below 1e-4). A kernel that stores 0, or rstd 1% off, fails.
 RSTD_TOLERANCE = (0.0, 1e-3)
 KEPT_BYTES = 128           # x bytes per thread that keep_x holds in registers (the template's REG_VECS * VEC_BYTES)
+SUBWARP_TPR = (2, 4, 8, 16)   # threads per row below a warp: one warp normalizes 32 / TPR rows ("sub-warp rows")
 
 
 def static_smem(g: Mapping[str, GeneValue]) -> int:
@@ -51,8 +52,13 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
     """Reject genomes that cannot compile or launch, before the compiler sees them, and combinations whose extra
     gene would mean nothing (so that the enumerated space holds no duplicates of that kind)."""
     threads, rows = int(g["threads"]), int(g["rows_per_cta"])
-    if threads % rows or (threads // rows) % 32:
-        return f"threads={threads} / rows_per_cta={rows} must give whole warps per row"
+    tpr = threads // rows
+    if threads % rows or (tpr % 32 and tpr not in SUBWARP_TPR):
+        return (f"threads={threads} / rows_per_cta={rows} must give whole warps per row, or 2, 4, 8 or 16 threads "
+                "per row (sub-warp rows)")
+    if tpr < 32 and g["stage"] == "smem":
+        return (f"sub-warp rows ({tpr} threads per row) are for narrow rows, which registers hold: "
+                "needs stage=none")
     if g["stage"] == "none" and g["stage_copy"] != "cp_async":
         return f"stage_copy={g['stage_copy']} only matters with stage=smem; keep the default cp_async"
     if g["stage"] == "smem" and g["load"] == "cp_async":
@@ -77,7 +83,9 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
 SPACE = GeneSpace(
     genes=(
         Gene("threads", (128, 256, 512, 1024), 256, doc="threads per CTA"),
-        Gene("rows_per_cta", (1, 2, 4), 1, doc="rows normalized at once by one CTA (threads/rows = 32: warp per row)"),
+        Gene("rows_per_cta", (1, 2, 4, 8, 16, 32, 64, 128), 1,
+             doc="rows normalized at once by one CTA; threads/rows_per_cta threads per row (TPR): whole warps, or "
+                 "2..16 (sub-warp rows, several rows per warp, for narrow rows)"),
         Gene("vec_bytes", (8, 16), 16, doc="bytes per vector load/store"),
         Gene("load", ("plain", "nc", "nc_na", "cp_async"), "nc", kind="ptx",
              doc="ld.global | ld.global.nc | ld.global.nc.L1::no_allocate | cp.async into shared memory"),

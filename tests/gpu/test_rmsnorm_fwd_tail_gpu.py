@@ -55,14 +55,13 @@ def genes_of(name: str) -> dict:
     return g
 
 
-@pytest.fixture(scope="module")
-def modules(tmp_path_factory):
-    """(genome name, dtype) -> loaded cubin, compiled together on the host's CPUs."""
+def load_modules(cache, genes: dict[str, dict], dtypes=problem.dtypes) -> dict:
+    """(genome name, dtype) -> loaded cubin of genes[name] in dtype, compiled together on the host's CPUs."""
     from kernel_factory.evo.evaluate import launcher
-    compiler = Compiler(tmp_path_factory.mktemp("cache"), workers=8)
+    compiler = Compiler(cache, workers=8)
     keys, jobs = [], []
-    for name, dtype in itertools.product(GENOMES, problem.dtypes):
-        genome = Genome.of(genes_of(name))
+    for name, dtype in itertools.product(genes, dtypes):
+        genome = Genome.of(genes[name])
         key = compiler.key(render.body(problem, genome, dtype))
         jobs.append(CompileJob(key, render.render(problem, Candidate(genome), dtype), f"{name}-{dtype}.cu"))
         keys.append(((name, dtype), key))
@@ -71,6 +70,11 @@ def modules(tmp_path_factory):
     failed = {k: outs[key].error for k, key in keys if outs[key].cubin is None}
     assert not failed, failed
     return {k: launcher.Module(outs[key].cubin, problem.kernel_name) for k, key in keys}
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    return load_modules(tmp_path_factory.mktemp("cache"), {name: genes_of(name) for name in GENOMES})
 
 
 def runner(module, genes: dict, case: Case):
