@@ -46,15 +46,16 @@ def synthetic_time_us(genes: dict, case: Case) -> float:
 
 
 def write_synthetic_recording(path: Path, problem, cases: list[Case], baseline: str = "torch_eager",
-                              choices: dict[str, list] | None = None) -> Path:
+                              choices: dict[str, list] | None = None,
+                              sampling: str = "exhaustive (synthetic, tests only)") -> Path:
     """A recording in the real format over the problem's whole space (or the part of it that `choices` names, gene
-    -> the values kept), from synthetic_time_us."""
+    -> the values kept), from synthetic_time_us; `sampling` is what its header says of how the genomes were chosen."""
     space = problem.space.restricted(choices) if choices else problem.space
     header = {"problem": problem.name, "problem_version": problem.version,
               "space": {g.name: list(g.choices) for g in space.genes},
               "cases": [c.key for c in cases], "baseline": baseline,
               "baseline_us": {c.key: synthetic_time_us(problem.space.defaults(), c) * 1.3 for c in cases},
-              "copy_gbps": 4200.0, "sampling": "exhaustive (synthetic, tests only)",
+              "copy_gbps": 4200.0, "sampling": sampling,
               "fingerprint": {"gpu": "SYNTHETIC test data", "date": "2026-01-01"}}
     rng = random.Random(7)
 

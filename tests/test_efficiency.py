@@ -149,3 +149,20 @@ def test_the_report_renders_again_from_its_raw_json(tmp_path, capsys):
     assert efficiency.main(["--from", str(out)]) == 2   # the markdown is not the raw result
     err = capsys.readouterr().err
     assert "not a search-efficiency result" in err and "Traceback" not in err
+
+
+def test_a_sampled_recording_is_refused_with_what_to_record_instead(tmp_path, capsys):
+    """A recording of a uniform sample (as `record --sample` makes): a landscape no method can search (few
+    neighbours measured), so the benchmark says so and how to record one it can, and writes nothing."""
+    from conftest import write_synthetic_recording
+    from kernel_factory.evo.types import Case
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    cases = [Case(s, "bfloat16") for s in problem.shape_sets["benchmark"]]
+    sample = write_synthetic_recording(tmp_path / "rmsnorm_fwd-bfloat16-sample.jsonl.gz", problem, cases,
+                                       choices={"threads": [256], "load": ["nc"], "cluster": [1], "stage": ["none"]},
+                                       sampling="uniform random sample of 40 of 60640 feasible genomes")
+    out = tmp_path / "report.md"
+    assert efficiency.main(["--problem", "rmsnorm_fwd", "--dtype", "bfloat16", "--recording", str(sample),
+                            "--seeds", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "uniform random sample of 40" in err and "search.space" in err and not out.exists()

@@ -73,3 +73,39 @@ def test_a_resumed_sample_is_drawn_from_the_space_it_began_in(tmp_path):
     with pytest.raises(ConfigError, match="differing in c"):
         resumed_space(added, final)
     assert resumed_space(grown, tmp_path / "fresh.jsonl.gz") is grown
+
+
+def test_the_config_search_space_is_recorded_whole(tmp_path, monkeypatch):
+    """record with search.space: every feasible genome of that sub-space, no other, and a header that says so (the
+    exhaustive landscape the efficiency benchmark and a replay need); the measuring is a stand-in here."""
+    from kernel_factory.evo import build, config
+    from kernel_factory.evo.evaluate.gpu import GpuEvaluator
+    from kernel_factory.evo.tools import record
+    from kernel_factory.evo.protocols import EvaluatorInfo
+
+    class Measured(GpuEvaluator):
+        def __init__(self, cases):
+            self.cases, self.baseline_us, self.copy_gbps = cases, {c.key: 9.0 for c in cases}, 4e3
+            self.info = EvaluatorInfo("gpu", "stand-in", {"gpu": "none"})
+
+        def evaluate(self, cands):
+            return [EvalResult(c.id, Status.OK, 1.0, {k: 5.0 for k in self.baseline_us}, {}, self.baseline_us)
+                    for c in cands]
+
+        def close(self):
+            pass
+
+        @property
+        def restarts(self):
+            return 0
+    monkeypatch.setattr(build, "need_gpu", lambda cfg, what: None)
+    monkeypatch.setattr(build, "make_evaluator", lambda run, kind, race=True: Measured(run.cases))
+    narrow = {"threads": [256], "rows_per_cta": [1, 2], "load": ["nc"], "store": ["plain"], "cluster": [1]}
+    cfg = config.load("configs/rmsnorm_fwd_record.yaml", ("shapes=4x512",) + tuple(
+        f"search.space.{k}={v}" for k, v in narrow.items()))
+    out = record.record(cfg, tmp_path / "sub.jsonl.gz")
+    rec = recording.read(out)
+    space = build.restrict_space(build.prepare(cfg).problem.space, cfg.search.space)
+    assert set(rec.entries) == {Genome.of(g).id for g in space.enumerate()} and len(rec.entries) > 16
+    assert rec.header["space"]["threads"] == [256] and rec.header["space"]["rows_per_cta"] == [1, 2]
+    assert rec.header["sampling"].startswith("exhaustive") and "search.space" in rec.header["sampling"]

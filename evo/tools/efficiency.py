@@ -85,6 +85,11 @@ def replay(source: Source) -> tuple[build.Run, ReplayEvaluator]:
 def landscape(source: Source) -> Landscape:
     run, evaluator = replay(source)
     rec = evaluator.rec
+    sampling = str(rec.header.get("sampling", "exhaustive"))
+    if not sampling.startswith("exhaustive"):
+        raise ReplayError(f"the benchmark searches a whole space, and this recording is not one ({sampling}): few "
+                          f"neighbours of a sampled genome were measured, so every method would search blind. Record "
+                          f"a sub-space whole instead (kernel-factory record CONFIG -o 'search.space.GENE=[...]')")
     genomes = {gid: genome for gid, (genome, _) in rec.entries.items()}
     fitness = {r.candidate_id: r.fitness for r in evaluator.evaluate([Candidate(g) for g in genomes.values()])}
     optimum = max(fitness.values())

@@ -62,11 +62,16 @@ def remeasure(writer: recording.Writer, evaluator: GpuEvaluator, header: dict) -
 def record(cfg: RunConfig, out: Path, sample: int | None = None, sample_seed: int = 0) -> Path:
     run = build.prepare(cfg)
     build.need_gpu(cfg, "record")
-    genomes, rule = sampled_space(resumed_space(run.problem.space, out), sample, sample_seed)
+    # The config's search.space makes a sub-space recorded exhaustively: a landscape the efficiency benchmark and a
+    # replay can search whole (a uniform sample of the full space cannot be searched: few neighbours are in it).
+    space = build.restrict_space(resumed_space(run.problem.space, out), cfg.search.space)
+    genomes, rule = sampled_space(space, sample, sample_seed)
+    if cfg.search.space:
+        rule += f", within the config's search.space {dict(cfg.search.space)}"
     evaluator = build.make_evaluator(run, "gpu", race=False)
     assert isinstance(evaluator, GpuEvaluator)
     header = {"problem": run.problem.name, "problem_version": run.problem.version,
-              "space": {g.name: list(g.choices) for g in run.problem.space.genes},
+              "space": {g.name: list(g.choices) for g in space.genes},
               "cases": [c.key for c in run.cases], "baseline": run.baseline,
               "baseline_us": evaluator.baseline_us, "copy_gbps": evaluator.copy_gbps,
               "fingerprint": dict(evaluator.info.fingerprint), "sampling": rule,

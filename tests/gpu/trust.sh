@@ -81,8 +81,10 @@ racing)
   ;;
 end)
   # The suite's log and the timing tables are written to $OUT itself, so that a call cut short still returns them;
-  # the files changed this session first.
-  KF_PEERS=liger setup .gpu-a
+  # the files changed this session first. KF_PEERS is exported: run.sh sources the setup again, and its peer check
+  # must ask for the same peers (on 2026-12-03 it did not, and the suite never started).
+  export KF_PEERS=liger
+  setup .gpu-a
   order="gpu_evaluator faults_gpu rmsnorm_fwd_subwarp_gpu rmsnorm_bwd_subwarp_gpu rmsnorm_fwd_tail_gpu rmsnorm_bwd_gpu
          rmsnorm_bwd_small_gpu rmsnorm_fwd_wide_gpu rmsnorm_op_gpu silu_mul_op_gpu bench_gpu"
   files=$(for f in $order; do echo "tests/gpu/test_$f.py"; done)
