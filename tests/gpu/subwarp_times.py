@@ -46,7 +46,7 @@ def rows_for(timer: measure.Timer, modules: dict, genes: dict, case: Case) -> li
     lines = [f"{case.key:>22}  {name:<34} {times[name]:8.2f}" for name in WARP if times[name] is not None]
     if best is not None:
         lines.append(f"{case.key:>22}  {'best sub-warp: ' + best:<34} {times[best]:8.2f}  "
-                     f"({warp / times[best]:.2f}x the best warp-per-row)")
+                     f"({warp / times[best]:.2f}x the faster of the two default genomes above)")
     if failed:
         lines.append(f"{case.key:>22}  FAILED THE GATE: {', '.join(failed)}")
     return lines
