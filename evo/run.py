@@ -93,8 +93,9 @@ class JournalCache:
             self.accounting = inner.accounting
 
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
-        if hasattr(self.inner, "learn"):   # racing: the journal's full timings are in the running top-k, as they were
-            self.inner.learn([self.known[c.id] for c in candidates if c.id in self.known])
+        known = {c.id: self.known[c.id] for c in candidates if c.id in self.known}
+        if hasattr(self.inner, "evaluate_known"):   # racing: the journal's results take their places in the race
+            return self.inner.evaluate_known(candidates, known)
         todo = [c for c in candidates if c.id not in self.known]
         fresh = dict(zip((c.id for c in todo), self.inner.evaluate(todo) if todo else []))
         return [self.known.get(c.id) or fresh[c.id] for c in candidates]

@@ -84,24 +84,24 @@ def test_a_bad_racing_setting_is_one_clear_error(replay_config):
         config.parse(replay_config, ("search.racing.lanes=2",))
 
 
-def test_resume_puts_the_journals_full_timings_in_the_race():
+def test_resume_hands_the_journals_results_to_the_race_with_their_batch():
+    """JournalCache gives a racing evaluator each batch whole, with the journal's results for it, so that they take
+    their places in the race order (the kill-and-resume test below checks the order end to end)."""
     class Inner:
         info = None
 
         def __init__(self):
-            self.learned = []
+            self.calls = []
 
-        def learn(self, results):
-            self.learned += results
-
-        def evaluate(self, candidates):
-            return [EvalResult(c.id, Status.OK) for c in candidates]
+        def evaluate_known(self, candidates, known):
+            self.calls.append(([c.id for c in candidates], dict(known)))
+            return [known.get(c.id) or EvalResult(c.id, Status.OK) for c in candidates]
 
     inner = Inner()
     cands = [Candidate(Genome.of({"a": 1})), Candidate(Genome.of({"a": 2}))]
     known = {cands[0].id: timed(cands[0].id, 5.0)}
-    JournalCache(inner, known).evaluate(cands)
-    assert [r.candidate_id for r in inner.learned] == [cands[0].id]
+    out = JournalCache(inner, known).evaluate(cands)
+    assert inner.calls == [([c.id for c in cands], known)] and out[0] is known[cands[0].id]
 
 
 def test_lessons_never_forbid_a_gene_for_being_cut():

@@ -100,16 +100,35 @@ class RacingEvaluator:
                           and all(k in r.times_us for k in self.keys) and partial_fitness(r, self.keys) > 0]
 
     def evaluate(self, candidates: Sequence[Candidate]) -> list[EvalResult]:
+        return self.evaluate_known(candidates, {})
+
+    def evaluate_known(self, candidates: Sequence[Candidate], known: Mapping[str, EvalResult]) -> list[EvalResult]:
+        """Race a batch, where `known` (a resumed run's journal) answers some candidates as they ended: each takes
+        its place in the race order by its first leg's figure and joins the books there, so that the rest of the
+        batch races against exactly the books it met in the run that was killed."""
+        todo = [c for c in candidates if c.id not in known]
         if len(self.keys) >= self.total:   # nothing to save: the cheap cases are all of them
-            return self.inner.evaluate(candidates)   # type: ignore[attr-defined]
-        firsts = dict(zip((c.id for c in candidates), self.inner.time_first(candidates, self.keys)))
+            fresh = dict(zip((c.id for c in todo), self.inner.evaluate(todo) if todo else []))  # type: ignore
+            return [known.get(c.id) or fresh[c.id] for c in candidates]
+        firsts = dict(zip((c.id for c in todo), self.inner.time_first(todo, self.keys) if todo else []))
+        lead = {c.id: self.lead(firsts.get(c.id) or known[c.id]) for c in candidates
+                if (firsts.get(c.id) or known[c.id]).status in (Status.OK, Status.CUT)}
         # The most promising go first: once timed in full they raise the bar for the rest of the batch.
-        order = sorted((c for c in candidates if firsts[c.id].status is Status.OK),
-                       key=lambda c: -firsts[c.id].fitness)
-        out = {c.id: firsts[c.id] for c in candidates if firsts[c.id].status is not Status.OK}
+        order = sorted((c for c in candidates if c.id in lead), key=lambda c: -lead[c.id])
+        out = {c.id: known.get(c.id) or firsts[c.id] for c in candidates if c.id not in lead}
         for cand in order:
-            out[cand.id] = self._race(cand, firsts[cand.id])
+            if cand.id in known:
+                self.learn([known[cand.id]])
+                out[cand.id] = known[cand.id]
+            else:
+                out[cand.id] = self._race(cand, firsts[cand.id])
         return [out[c.id] for c in candidates]
+
+    def lead(self, result: EvalResult) -> float:
+        """A candidate's place in the race order: its first leg's partial fitness as the evidence keeps it (rounded),
+        so that a journal's result and a fresh first leg are ranked alike."""
+        race = result.race or {}
+        return race["partial_fitness"] if "partial_fitness" in race else round(partial_fitness(result, self.keys), 6)
 
     def _race(self, cand: Candidate, first: EvalResult) -> EvalResult:
         with self._lock:
@@ -121,7 +140,8 @@ class RacingEvaluator:
             return cut_result(first, {**evidence, "top_k": self.config.top_k}, self.total)
         (rest,) = self.inner.time_rest([cand], [first])
         full = dataclasses.replace(rest, gpu_s=first.gpu_s + rest.gpu_s,
-                                   race={**(evidence or {}), "survived": True, "first_gpu_s": first.gpu_s})
+                                   race={"partial_fitness": self.lead(first), **(evidence or {}), "survived": True,
+                                         "first_gpu_s": first.gpu_s})
         self.learn([full])
         return full
 
