@@ -169,6 +169,10 @@ class WorkloadConfig:
     # (its journals/), to re-time and re-learn with more genomes or shapes.
     searched_from: str | None = None
     panel_from: str | None = None             # a dispatch table whose genomes (per dtype) join every panel
+    # Genes whose best value depends on the shape more than on the rest of the genome (RMSNorm's `tail`: only rows
+    # that do not split into whole vectors run it): every panel genome's twin with this value joins the panel, so
+    # that the rule can pick either per shape rather than inherit whatever value a bucket's winner happened to carry.
+    panel_twins: Mapping[str, Any] = field(default_factory=dict)
     extra_train: str | None = None            # a shape set of the problem the panels and rules also learn from
     buckets: tuple[str, ...] = ()             # only these buckets (empty: every bucket the training set fills)
 

@@ -15,7 +15,7 @@ from kernel_factory.evo import build, config, journal
 from kernel_factory.evo.config import ConfigError
 from kernel_factory.evo.protocols import EvaluatorInfo
 from kernel_factory.evo.tools import learn, workload as campaign
-from kernel_factory.evo.types import Case, EvalResult, Status, geomean_speedup
+from kernel_factory.evo.types import Case, EvalResult, Genome, Status, geomean_speedup
 from kernel_factory.evo.workload import (ELEM_BYTES, Workload, bucket, by_bucket, distance, draw, narrow, split)
 from kernel_factory.kernels import dispatch_rule
 from kernel_factory.kernels.table import Table, TableError
@@ -73,6 +73,23 @@ def test_config_rejects_bad_workload_keys():
         campaign.plan(cfg)
     with pytest.raises(ConfigError, match="workload.dtypes"):
         campaign.plan(config.parse({"problem": "rmsnorm_fwd", "workload": {"dtypes": ["int8"]}}))
+    with pytest.raises(ConfigError, match=r"workload.panel_twins.colour': rmsnorm_fwd has no gene 'colour'"):
+        campaign.plan(config.parse({"problem": "rmsnorm_fwd", "workload": {"panel_twins": {"colour": 1}}}))
+    with pytest.raises(ConfigError, match=r"workload.panel_twins.tail': 'vector' is not one of \['scalar', 'peel'\]"):
+        campaign.plan(config.parse({"problem": "rmsnorm_fwd", "workload": {"panel_twins": {"tail": "vector"}}}))
+
+
+def test_panel_twins_add_each_genome_with_the_shape_dependent_value_where_feasible():
+    base = fwd.space.defaults()
+    scalar = Genome.of({**base, "tail": "scalar"})
+    peeled = Genome.of({**base, "tail": "peel", "threads": 512})
+    subwarp = Genome.of({**base, "tail": "scalar", "threads": 128, "rows_per_cta": 32})   # 4 threads per row
+    found = campaign.twins(fwd.space, [scalar, peeled, subwarp], {"tail": "peel"})
+    assert found == [Genome.of({**base, "tail": "peel"}), Genome.of({**subwarp.gene_dict, "tail": "peel"})]
+    # a twin the rule refuses stays out: cluster > 1 needs rows_per_cta = 1, so a twin over rows_per_cta cannot be
+    clustered = Genome.of({**base, "cluster": 4})
+    assert campaign.twins(fwd.space, [clustered], {"rows_per_cta": 2}) == []
+    assert campaign.twins(fwd.space, [clustered], {"rows_per_cta": 1}) == []   # already that value: no twin
 
 
 def test_buckets_split_where_the_best_kernel_changes():
@@ -198,7 +215,8 @@ def test_campaign_searches_buckets_learns_a_rule_and_never_sees_heldout(tmp_path
         "problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"),
         "tracking": {"store": str(tmp_path / "mlflow.db"), "artifacts": str(tmp_path / "artifacts")},
         "workload": {"dtypes": ["bfloat16", "float32"], "train": 8, "heldout": 12, "seed": 5, "per_bucket": 6,
-                     "panel": 6, "rule_depth": 3, "n": [64, 16384], "bucket_by_dtype": False},
+                     "panel": 6, "rule_depth": 3, "n": [64, 16384], "bucket_by_dtype": False,
+                     "panel_twins": {"tail": "peel"}},
         "search": {"population": 4},
         "observers": ["journal", "mlflow"]})
     plan = campaign.plan(cfg)
@@ -219,6 +237,9 @@ def test_campaign_searches_buckets_learns_a_rule_and_never_sees_heldout(tmp_path
     for dtype in ("bfloat16", "float32"):
         panel = campaign.read_panel(folder / f"panel-{dtype}.jsonl")[1]
         assert set(panel) == {c.key for c in plan.split.train if c.dtype == dtype}
+        timed = campaign.read_panel(folder / f"panel-{dtype}.jsonl")[0].values()
+        assert not campaign.twins(fwd.space, list(timed), {"tail": "peel"})   # every feasible twin was timed
+        assert {g.gene_dict["tail"] for g in timed} == {"scalar", "peel"}
         assert table.data["dtypes"][dtype]["fit"]["slowdown"] <= learn.fit(panel, depth=0).slowdown + 1e-9
     for c in plan.split.train:
         assert table.kernel(c.dtype, c.shape[1], c.shape[0]).cubin()[:4] == b"\x7fELF"

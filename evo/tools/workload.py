@@ -27,7 +27,7 @@ from .. import build, journal, registry
 from ..config import ConfigError, RunConfig, WorkloadConfig
 from ..evaluate.worker_process import parked_workers
 from ..run import execute, new_run_id, run_folder, table_seeds
-from ..types import Candidate, Case, Genome
+from ..types import Candidate, Case, GeneSpace, GeneValue, Genome
 from ..workload import ServesWorkload, Split, Workload, by_bucket, distance, narrow, split
 from . import dispatch, learn
 
@@ -69,6 +69,14 @@ def plan(cfg: RunConfig) -> Plan:
             raise ConfigError(f"config key 'workload.buckets': {unknown[0]!r} holds no training shape; the training "
                               f"set fills {', '.join(buckets)}")
         buckets = {b: buckets[b] for b in w.buckets}
+    names = [gene.name for gene in problem.space.genes]
+    for name, value in w.panel_twins.items():
+        if name not in names:
+            raise ConfigError(f"config key 'workload.panel_twins.{name}': {cfg.problem} has no gene {name!r}; its "
+                              f"genes: {', '.join(names)}")
+        if value not in problem.space[name].choices:
+            raise ConfigError(f"config key 'workload.panel_twins.{name}': {value!r} is not one of "
+                              f"{list(problem.space[name].choices)}")
     return Plan(served, sets, buckets)
 
 
@@ -170,6 +178,17 @@ def table_genomes(cfg: RunConfig, dtype: str) -> list[Genome]:
     return table_seeds(cfg.workload.panel_from, problem, problem.space, "workload.panel_from", dtype)
 
 
+def twins(space: GeneSpace, genomes: Sequence[Genome], values: Mapping[str, GeneValue]) -> list[Genome]:
+    """Each genome with one of `values`' genes set to its value, where that makes a new, feasible genome."""
+    out: list[Genome] = []
+    for g in genomes:
+        for name, value in values.items():
+            twin = Genome.of({**g.gene_dict, name: value}, g.patch_dict)
+            if twin not in genomes and twin not in out and space.why_infeasible(twin.gene_dict) is None:
+                out.append(twin)
+    return out
+
+
 def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome]]) -> dict[str, Path]:
     """Step 3: per dtype, the winners of its buckets (and a table's genomes) timed on all its training shapes by
     one evaluator."""
@@ -183,6 +202,7 @@ def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome
                     genomes.append(gs[rank])
         genomes = genomes[:cfg.workload.panel]
         genomes += [g for g in table_genomes(cfg, dtype) if g not in genomes]
+        genomes += twins(registry.load("problem", cfg.problem).space, genomes, cfg.workload.panel_twins)
         if not cases or not genomes:
             continue
         pcfg = bucket_config(cfg, cases, None)
