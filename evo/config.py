@@ -168,7 +168,9 @@ class WorkloadConfig:
     # A later pass over a finished campaign: skip the bucket searches and take their winners from this campaign folder
     # (its journals/), to re-time and re-learn with more genomes or shapes.
     searched_from: str | None = None
-    panel_from: str | None = None             # a dispatch table whose genomes (per dtype) join every panel
+    # a dispatch table whose genomes (per dtype) join every panel; each bucket's search starts from the genomes it
+    # picks for that bucket's shapes
+    panel_from: str | None = None
     # Genes whose best value depends on the shape more than on the rest of the genome (RMSNorm's `tail`: only rows
     # that do not split into whole vectors run it): every panel genome's twin with this value joins the panel, so
     # that the rule can pick either per shape rather than inherit whatever value a bucket's winner happened to carry.

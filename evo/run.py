@@ -225,9 +225,11 @@ def _execute(cfg: RunConfig, run: build.Run, kind: str, why_not_gpu: str | None,
     return summary
 
 
-def table_seeds(path: str | None, problem, space, key: str = "search.seeds_from", dtype: str | None = None) -> list:
-    """The genomes of a dispatch table (all, or those one dtype dispatches to) that are feasible in this space
-    (per-shape winners of earlier runs); `key` names the config key in errors."""
+def table_seeds(path: str | None, problem, space, key: str = "search.seeds_from", dtype: str | None = None,
+                cases: Sequence | None = None) -> list:
+    """The genomes of a dispatch table (all, those one dtype dispatches to, or those it picks for these cases, in
+    their order) that are feasible in this space (per-shape winners of earlier runs); `key` names the config key in
+    errors."""
     if not path:
         return []
     try:
@@ -237,8 +239,11 @@ def table_seeds(path: str | None, problem, space, key: str = "search.seeds_from"
     if table.problem != problem.name:
         raise ConfigError(f"config key '{key}': {path!r} is a table for {table.problem!r}, not {problem.name!r}")
     genomes = table.data.get("genomes", {})
-    if dtype is None:
-        ids = sorted(genomes)
+    if cases is not None:
+        picks = (table.choose(c.dtype, c.shape[1], c.shape[0]) for c in cases)
+        ids = list(dict.fromkeys(pick[0] for pick in picks if pick))
+    elif dtype is None:
+        ids = list(table.data.get("order") or sorted(genomes))   # a seeds table lists those to try first first
     else:
         entry = table.data.get("dtypes", {}).get(dtype)
         ids = list(dict.fromkeys(op_table.chosen_genomes(entry))) if entry else []

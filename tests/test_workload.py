@@ -321,6 +321,25 @@ def test_a_second_pass_relearns_from_the_searched_winners_a_table_and_more_shape
         campaign.run_campaign(config.parse(base), "third")
 
 
+def test_each_bucket_search_starts_from_what_the_table_picks_for_its_shapes(tmp_path, model_gpu):
+    shipped = Path(__file__).resolve().parents[1] / "kernels" / "ops" / "rmsnorm_fwd.json"
+    cfg = config.parse({"problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"),
+                        "observers": ["journal"], "search": {"population": 6},
+                        "workload": {"dtypes": ["bfloat16"], "train": 6, "heldout": 4, "seed": 9, "per_bucket": 6,
+                                     "panel": 4, "validate": False, "panel_from": str(shipped)}})
+    plan = campaign.plan(cfg)
+    campaign.run_campaign(cfg, "picked")
+    table = Table(shipped, runnable=False)
+    for b, cases in plan.buckets.items():
+        picked = list(dict.fromkeys(table.choose(c.dtype, c.shape[1], c.shape[0])[0] for c in cases))
+        run = journal.read(tmp_path / "runs" / f"picked.{campaign.slug(b)}" / journal.NAME)
+        first = [c.genome.gene_dict for c, _ in run.pairs() if c.operator == "seed"][:len(picked)]
+        # the same genes (a table from before a gene was added holds that gene at its default in the space)
+        assert len(first) == len(picked)
+        for genes, gid in zip(first, picked):
+            assert table.data["genomes"][gid]["genes"].items() <= genes.items()
+
+
 def test_the_backward_runs_the_same_campaign_and_its_table_dispatches_by_m_and_n(tmp_path, model_gpu):
     """The backward problem on the workload machinery: its own workload drawn and split, every bucket searched in the
     backward's gene space, a rule learned per dtype, the backward's kernels built, and the op's table reader choosing

@@ -96,9 +96,10 @@ def winners(path: Path, count: int) -> list[Genome]:
 
 
 def seeds_table(path: Path, problem: str, genomes: Sequence[Genome]) -> Path:
-    """A selection-only table of the neighbours' winners: the next bucket's run reads it as search.seeds_from."""
+    """A selection-only table of a bucket's seeds, in the order to try them (`order`: the file's keys are sorted):
+    the bucket's run reads it as search.seeds_from."""
     table = {"format": dispatch.OLD_FORMAT, "problem": problem, "dtypes": {},
-             "genomes": {g.id: g.to_json() for g in genomes}}
+             "genomes": {g.id: g.to_json() for g in genomes}, "order": [g.id for g in genomes]}
     path.write_text(dispatch.dumps(table))
     return path
 
@@ -118,18 +119,23 @@ def bucket_config(cfg: RunConfig, cases: Sequence[Case], seeds: Path | None,
 def search_buckets(cfg: RunConfig, campaign: str, folder: Path, p: Plan) -> dict[str, list[Genome]]:
     """Step 2: one run per bucket, in order; returns each bucket's winners."""
     found: dict[str, list[Genome]] = {}
+    problem = registry.load("problem", cfg.problem)
     started = time.monotonic()
     for i, (b, cases) in enumerate(p.buckets.items()):
         share = None
         if cfg.workload.search_s is not None:   # what is left of the clock, shared by the buckets left
             share = max(1.0, (cfg.workload.search_s - (time.monotonic() - started)) / (len(p.buckets) - i))
         near = sorted((distance(b, other), other) for other in found if distance(b, other) < 10)
-        seeds = [g for _, other in near[:cfg.workload.neighbours] for g in found[other]]
+        # the genomes the op dispatches to for these shapes today first (the search sets out to beat them), then the
+        # neighbours' winners
+        seeds = table_seeds(cfg.workload.panel_from, problem, problem.space, "workload.panel_from", cases=cases)
+        picked = len(seeds)
+        seeds += [g for _, other in near[:cfg.workload.neighbours] for g in found[other] if g not in seeds]
         seed_file = seeds_table(folder / f"seeds-{slug(b)}.json", cfg.problem, seeds) if seeds else None
         run_id = f"{campaign}.{slug(b)}"
-        print(f"workload: bucket {b}: {len(cases)} training shapes, {len(seeds)} seeds from "
-              f"{', '.join(o for _, o in near[:cfg.workload.neighbours]) or 'no bucket yet'} -> run {run_id}",
-              file=sys.stderr)
+        print(f"workload: bucket {b}: {len(cases)} training shapes, {len(seeds)} seeds ({picked} the table picks "
+              f"for them, the rest from {', '.join(o for _, o in near[:cfg.workload.neighbours]) or 'no bucket yet'})"
+              f" -> run {run_id}", file=sys.stderr)
         execute(bucket_config(cfg, cases, seed_file, share), run_id)
         found[b] = winners(Path(cfg.out_dir) / run_id / journal.NAME, WINNERS)
     return found
