@@ -9,6 +9,10 @@
 #       backward campaign (configs/rmsnorm_bwd_workload.yaml) in what is left of the call
 #   heldout (carry .gpu-c .int21): every peer loads (QuACK complete, INT21 built); the held-out bench of the forward
 #       campaign, then of the backward one, each against INT21, QuACK, Liger, torch eager and torch.compile
+# On 2026-12-03 the forward's fp32 panel with the 11 benchmark rows ran out of GPU memory (the bf16 and fp16 panels'
+# memory still held by the worker): both campaigns then ran with `-o workload.extra_train=null`, the forward as a
+# second pass over its searches in call heldout, and the backward's held-out bench was cut by the call's limit
+# (docs/results/workload/h200-2026-12-03/).
 # Every step has its own timeout; a bench cut short keeps its rows so far (evo/tools/heldout.py).
 set -uo pipefail
 stage="${1:?usage: campaigns.sh fwd|bwd|heldout}"
