@@ -93,7 +93,7 @@ def test_cases_that_do_not_fit_in_gpu_memory_are_a_clear_setup_error():
     with pytest.raises(worker.SetupError) as err:
         worker.allocate_pools(pool, cases, 140 * 2**30)
     text = str(err.value)
-    assert "4 benchmark cases" in text and "2 fitted (6.0 GiB of inputs)" in text
+    assert "4 benchmark cases" in text and "2 fitted (6.0 GiB of inputs and outputs)" in text
     assert "bfloat16:8192x262144 did not (140 GiB on the GPU)" in text and "-o 'dtypes=[bfloat16]'" in text
 
 

@@ -1,6 +1,7 @@
 """The correctness gate's logic on the CPU: torch functions stand in for kernels, one per way a kernel cheats.
 Each bad "kernel" must be caught with a message that says what it did; the honest one must pass."""
 import random
+import re
 
 import pytest
 import torch
@@ -148,7 +149,20 @@ def test_canaries_report_distance_and_side():
     y = g.views["y"]
     torch.as_strided(y, (1,), (1,), y.storage_offset() + y.numel() + 9).fill_(3.0)
     msg = g.violations()
-    assert "after it" in msg and "'y'" in msg
+    assert "after it" in msg and "'y'" in msg and "nearest at byte 18 past its end" in msg   # bf16 element 9
+
+
+def test_canaries_before_a_buffer_and_what_the_guards_hold_beside_it():
+    outs = {"y": torch.empty(1 << 20, dtype=torch.float32)}
+    g = gate.Guarded(outs, torch.Generator().manual_seed(1))
+    y = g.views["y"]
+    assert g.violations() is None
+    # only the guard regions are kept to compare with, never a copy of the buffer (a wide fp32 panel ran out of
+    # GPU memory on whole copies)
+    assert sum(c.numel() for _, _, c in g._buffers) == 2 * gate.GUARD_BYTES
+    torch.as_strided(y, (1,), (1,), y.storage_offset() - 2).fill_(float(torch.rand(1)) + 7.0)
+    msg = g.violations()
+    assert "before it" in msg and re.search(r"nearest at byte -[5-8] past its start", msg)   # bytes -8..-5
 
 
 def test_special_rows_cover_the_documented_kinds():

@@ -28,40 +28,44 @@ GUARD_BYTES = 4096   # canary bytes before and after every output buffer (a mult
 class Guarded:
     """Tensors carved out of larger buffers whose ends hold random canary bytes: the outputs (fresh, to be
     written), or the inputs (copy=True: the views hold the inputs' values), so that a write just past either
-    end of any tensor a kernel touches is seen. Non-tensor entries pass through unguarded."""
+    end of any tensor a kernel touches is seen. Non-tensor entries pass through unguarded. Only the guard regions
+    are filled and kept for comparison: a copy of a whole buffer doubled the memory of every benchmark pool, and an
+    fp32 panel of wide rows ran out of GPU memory on it."""
 
     def __init__(self, outputs: Mapping[str, Any], gen: Any, copy: bool = False):
         import torch
         self.what = "input" if copy else "output"
         self.views: dict[str, Any] = {}
-        self._buffers: list[tuple[str, Any, Any, int]] = []
+        self._buffers: list[tuple[str, Any, Any]] = []   # (name, buffer, the canaries of both ends)
         for name, t in outputs.items():
             if not hasattr(t, "element_size"):
                 self.views[name] = t
                 continue
-            size = t.element_size()
-            pad = GUARD_BYTES // size
+            pad = GUARD_BYTES // t.element_size()
             buf = torch.empty(t.numel() + 2 * pad, dtype=t.dtype, device=t.device)
             raw = buf.view(torch.uint8)
-            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen, device=t.device))
+            canaries = torch.randint(0, 256, (2 * GUARD_BYTES,), dtype=torch.uint8, generator=gen, device=t.device)
+            raw[:GUARD_BYTES].copy_(canaries[:GUARD_BYTES])
+            raw[raw.numel() - GUARD_BYTES:].copy_(canaries[GUARD_BYTES:])
             self.views[name] = buf[pad:pad + t.numel()].view(t.shape)
             if copy:
                 self.views[name].copy_(t)
-            self._buffers.append((name, buf, raw.clone(), pad))
+            self._buffers.append((name, buf, canaries))
 
     def violations(self) -> str | None:
         """Which guard region a kernel wrote into, and how far from the buffer; None if all are intact."""
         import torch
-        for name, buf, saved, pad in self._buffers:
-            raw, size = buf.view(torch.uint8), buf.element_size()
-            head, tail = pad * size, raw.numel() - pad * size
-            for label, lo, hi in (("before", 0, head), ("after", tail, raw.numel())):
-                changed = torch.nonzero(raw[lo:hi] != saved[lo:hi])
+        for name, buf, canaries in self._buffers:
+            raw = buf.view(torch.uint8)
+            tail = raw.numel() - GUARD_BYTES
+            for label, region, saved in (("before", raw[:GUARD_BYTES], canaries[:GUARD_BYTES]),
+                                         ("after", raw[tail:], canaries[GUARD_BYTES:])):
+                changed = torch.nonzero(region != saved)
                 if changed.numel():
-                    first = int(changed[0]) + lo
-                    where = (head - first) if label == "before" else (first - tail)
+                    where = int(changed[-1 if label == "before" else 0])
+                    distance = GUARD_BYTES - where if label == "before" else where
                     return (f"wrote outside {self.what} {name!r}: {changed.numel()} canary bytes changed {label} it, "
-                            f"nearest at byte {where if label == 'after' else -where} past its "
+                            f"nearest at byte {distance if label == 'after' else -distance} past its "
                             f"{'end' if label == 'after' else 'start'}")
         return None
 

@@ -61,7 +61,8 @@ class Pool:
         del first, sets
         self.guarded = gate.Guarded(problem.make_outputs(case, "cuda"), gen)
         self.checksums = [checksum(i) for i in self.inputs]
-        self.nbytes = size * len(self.inputs)
+        self.nbytes = size * len(self.inputs) + sum(t.numel() * t.element_size()
+                                                    for t in self.guarded.views.values() if hasattr(t, "numel"))
 
 
 def allocate_pools(pool: Any, cases: Sequence[Case], gpu_bytes: int) -> None:
@@ -75,7 +76,7 @@ def allocate_pools(pool: Any, cases: Sequence[Case], gpu_bytes: int) -> None:
         except torch.OutOfMemoryError as exc:
             raise SetupError(
                 f"the input sets of the run's {len(cases)} benchmark cases do not fit in GPU memory together: "
-                f"{i} fitted ({held / 2**30:.1f} GiB of inputs), {case.key} did not ({gpu_bytes / 2**30:.0f} GiB "
+                f"{i} fitted ({held / 2**30:.1f} GiB of inputs and outputs), {case.key} did not ({gpu_bytes / 2**30:.0f} GiB "
                 f"on the GPU). Measure fewer or narrower cases per run: one dtype per run (-o 'dtypes=[bfloat16]') "
                 f"or fewer shapes (-o shapes=MxN,...)") from exc
 
