@@ -203,6 +203,13 @@ def test_heldout_lines_say_without_and_crashed(fake_peers, monkeypatch, tmp_path
         worst = min(ratios)
         want.append(f"held-out fwd {short}: geomean {gm:.2f}x best peer over {len(ratios)} shapes ({note}), "
                     f"worst {worst[0]:.2f}x at {worst[1]}")
+    for dtype, short in (("bfloat16", "bf16"), ("float32", "fp32")):   # the op as shipped: timed, never a peer
+        ratios = sorted((r["providers"]["factory_op"]["us"] / r["providers"]["factory"]["us"],
+                         "x".join(map(str, r["shape"]))) for p in result["parts"] for r in p["rows"]
+                        if r["dtype"] == dtype)
+        gm = math.exp(sum(math.log(v) for v, _ in ratios) / len(ratios))
+        want.append(f"against the shipped op fwd {short}: geomean {gm:.2f}x over {len(ratios)} shapes, worst "
+                    f"{ratios[0][0]:.2f}x at {ratios[0][1]}")
     assert out == want
     md = (folder / "heldout.md").read_text()
     assert f"- `{want[0]}`" in md and "| bf16 | 32768x6144 |" in md and "int21 crashed: crashed:" in md

@@ -283,6 +283,30 @@ def test_heldout_lines_compare_with_the_best_correct_peer():
     assert "int21 left out: incorrect: 3% off" in md and "int21 failed: needs N % 8 == 0" in md
 
 
+def test_heldout_times_the_shipped_op_beside_the_table_and_says_how_they_compare(tmp_path, monkeypatch):
+    from kernel_factory.evo.tools import bench, heldout
+    asked = []
+
+    def fake_run(problem, subject, shapes, dtypes, baselines, *args, **kwargs):
+        asked.append((subject, baselines))
+        return {"format": "kernel-factory-bench/1", "rows": [], "baselines": baselines}
+    monkeypatch.setattr(bench, "run", fake_run)
+    cases = [Case.parse("bfloat16:7x300"), Case.parse("float32:9x500")]
+    heldout.bench_heldout("rmsnorm_fwd", tmp_path / "dispatch.json", cases, tmp_path / "b.json")
+    assert len(asked) == 2 and all(b[-1] == "factory_op" and "quack" in b and "quack_tuned" not in b
+                                   for _, b in asked)
+    m = random.uniform(1.5, 3.0)
+    result = {"format": "kernel-factory-bench/1", "rows": [
+        _row("bfloat16", (1, 4096), 10.0, int21=8.0, factory_op=10.0 * m),
+        _row("bfloat16", (3, 5000), 20.0, int21=30.0, factory_op=10.0),
+        _row("float16", (3, 5000), 20.0, int21=30.0)]}
+    lines, md = heldout.summarize(result, "rmsnorm_fwd")
+    # the op is never the best peer; its comparison is a line of its own, only where it was timed
+    assert lines[0].startswith(f"held-out fwd bf16: geomean {math.sqrt(0.8 * 1.5):.2f}x best peer over 2 shapes")
+    assert f"- `against the shipped op fwd bf16: geomean {math.sqrt(m / 2):.2f}x over 2 shapes, worst 0.50x at 3x5000`" in md
+    assert "against the shipped op fwd fp16" not in md
+
+
 def test_heldout_command_rerenders_a_recorded_bench(tmp_path, capsys):
     from kernel_factory.evo.tools import cli
     (tmp_path / "workload.json").write_text(json.dumps({"config": {"problem": "rmsnorm_fwd"}, "heldout": []}))

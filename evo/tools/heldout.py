@@ -8,8 +8,10 @@ and one line per dtype:
 A peer that cannot load stops the command before anything is timed, unless `--without` leaves it out; the note in
 parentheses then says so, and says where a peer crashed ("INT21 crashed on 1 row"). A peer that fails or crashes on
 a shape, or whose output misses the problem's tolerance there, is named in the report and the row compares with the
-next peer. `kernel-factory heldout FOLDER` benches (GPU); `--from BENCH.json` re-renders a recorded bench anywhere
-(one recorded before benches named their peers included: what ran is read from its rows).
+next peer. The op as shipped (its committed table) is timed in the same process beside the learned table, never as
+a peer: its line per dtype (`against the shipped op fwd bf16: ...`) is the test an export must pass.
+`kernel-factory heldout FOLDER` benches (GPU); `--from BENCH.json` re-renders a recorded bench anywhere (one recorded
+before benches named their peers included: what ran is read from its rows).
 """
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ def row_ratio(row: Mapping[str, Any], ran: Sequence[str]) -> tuple[float | None,
 
 
 def summarize(result: Mapping[str, Any], problem: str) -> tuple[list[str], str]:
-    """(the per-dtype lines, the markdown report) of a held-out bench (one bench result per dtype, joined)."""
+    """(the per-dtype lines, then those against the shipped op; the markdown report) of a held-out bench (one bench
+    result per dtype, joined)."""
     parts = result["parts"] if result.get("format") == bench_suite.FORMAT else [result]
     found = []   # (dtype, line, the peers that ran, details, table rows)
     for part in parts:
@@ -70,15 +73,20 @@ def summarize(result: Mapping[str, Any], problem: str) -> tuple[list[str], str]:
             "Peers, the best correct one per row of: " + "; ".join(f"{SHORT[f[0]]} {', '.join(f[2]) or 'none'}"
                                                                  for f in found) + ".")
     details = [line for f in found for line in f[3]]
+    shipped = [line for part in parts for dtype in peers.dtypes_of(part)
+               if (line := against_op(part, dtype, problem))]
     tuned = [p.label for p in peers.declared(registry.load("problem", problem)) if p.tuned]
     if tuned:
         said += (f" Not timed on held-out shapes, by the problem's declaration: {', '.join(tuned)} (it tunes itself "
                  f"at every new shape; it is timed on the benchmark rows).")
     md = "\n".join(["# Held-out validation", "", said, "", *[f"- `{f[1]}`" for f in found], "",
+                    *(["The learned table against the op as shipped (its committed table, timed in the same process; "
+                       "above 1 the learned table is faster):", *[f"- `{line}`" for line in shipped], ""]
+                      if shipped else []),
                     *(["Peers that did not run on every shape:", *details, ""] if details else []),
                     "| dtype | shape | ours µs | best peer | peer / ours | ours % copy | notes |",
                     "|---|---|---|---|---|---|---|", *[row for f in found for row in f[4]]]) + "\n"
-    return [f[1] for f in found], md
+    return [f[1] for f in found] + shipped, md
 
 
 def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: str, table: list[str]) -> str:
@@ -102,6 +110,18 @@ def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: 
             f"shapes{note}, worst {worst[0]:.2f}x at {worst[1]}")
 
 
+def against_op(part: Mapping[str, Any], dtype: str, problem: str) -> str | None:
+    """One dtype's line for the learned table against the shipped op, over the rows where both were timed."""
+    ratios = sorted((r["providers"][peers.OWN_OP]["us"] / r["providers"][bench.SUBJECT]["us"],
+                     "x".join(map(str, r["shape"]))) for r in part["rows"] if r["dtype"] == dtype
+                    and "us" in r["providers"].get(peers.OWN_OP, {}) and r["providers"].get(bench.SUBJECT, {}).get("us"))
+    if not ratios:
+        return None
+    return (f"against the shipped op {part_name(problem)} {SHORT[dtype]}: geomean "
+            f"{bench_report.geomean([v for v, _ in ratios]):.2f}x over {len(ratios)} shapes, worst {ratios[0][0]:.2f}x "
+            f"at {ratios[0][1]}")
+
+
 def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -114,14 +134,18 @@ def bench_heldout(problem: str, table: Path, cases: Sequence[Case], out: Path, r
     from ..evaluate.gpu import gpu_unavailable_reason
     dtypes = sorted({c.dtype for c in cases})
     on_gpu = gpu_unavailable_reason() is None   # elsewhere the first bench says it needs a GPU, and how to re-render
-    peers.choose(registry.load("problem", problem), "heldout", None, without, False, imports=on_gpu)
+    plugin = registry.load("problem", problem)
+    peers.choose(plugin, "heldout", None, without, False, imports=on_gpu)
+    # every declared held-out peer, and the op as shipped where the problem has one (never a peer of the table)
+    timed = [p.baseline for p in peers.for_shapes(plugin, "heldout")]
+    timed += [peers.OWN_OP] if peers.OWN_OP in plugin.baselines else []
     parts: list[dict[str, Any]] = []
 
     def keep(partial: dict[str, Any]) -> None:
         out.write_text(json.dumps(bench_suite.join([*parts, partial], [f"held-out {d}" for d in dtypes]), indent=1))
     for dtype in dtypes:
         shapes = ",".join("x".join(map(str, c.shape)) for c in cases if c.dtype == dtype)
-        parts.append(bench.run(problem, {"table": str(table)}, shapes, [dtype], None, reps, 1, 30.0,
+        parts.append(bench.run(problem, {"table": str(table)}, shapes, [dtype], timed, reps, 1, 30.0,
                                on_row=keep, without=without))
     return bench_suite.join(parts, [f"held-out {d}" for d in dtypes])
 

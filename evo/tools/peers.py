@@ -104,9 +104,9 @@ def cannot_load(problem: Problem, broken: Mapping[str, str], how: str = "--witho
 
 def published(problem: Problem, baselines: Sequence[str]) -> list[str]:
     """Those of the baselines that the problem names as its published peers (`peers`, the kernels its targets are
-    set against); every baseline when it names none or none of them was benched."""
+    set against); every baseline but the op itself when it names none or none of them was benched."""
     peers = problem.peers if isinstance(problem, PublishedPeers) else ()
-    return [b for b in peers if b in baselines] or list(baselines)
+    return [b for b in peers if b in baselines] or [b for b in baselines if b != OWN_OP]
 
 
 def peer_set(result: Mapping[str, Any]) -> list[str]:
