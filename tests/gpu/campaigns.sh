@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
-# The forward's second workload campaign and the backward's first (issues 28 and 29), with their held-out benches
-# against every declared peer: three device calls back to back, each carrying one bundle of tests/gpu/bundles.sh
-# (QuACK installs whole only with the third). Results are packed into $OUT/campaigns-<stage>.tgz after every step.
-#   fwd (carry .gpu-a .int21): INT21's build started in the background; the forward campaign
-#       (configs/rmsnorm_fwd_workload.yaml: bucket searches in the grown space with sub-warp rows, the panels with the
-#       op's genomes, their tail=peel twins and the 11 benchmark rows, the learned rule), no held-out bench yet
-#   bwd (carry .gpu-b): the forward's rule learned again from its searches if call fwd was cut in its panels; then the
-#       backward campaign (configs/rmsnorm_bwd_workload.yaml) in what is left of the call
-#   heldout (carry .gpu-c .int21): every peer loads (QuACK complete, INT21 built); the held-out bench of the forward
-#       campaign, then of the backward one, each against INT21, QuACK, Liger, torch eager and torch.compile
-# On 2026-12-03 the forward's fp32 panel with the 11 benchmark rows ran out of GPU memory (the bf16 and fp16 panels'
-# memory still held by the worker): both campaigns then ran with `-o workload.extra_train=null`, the forward as a
-# second pass over its searches in call heldout, and the backward's held-out bench was cut by the call's limit
-# (docs/results/workload/h200-2026-12-03/).
+# The forward's and the backward's workload campaigns (issues 28 and 29) with the 11 benchmark rows in the rules'
+# training, their held-out benches against every declared peer and the op as shipped, and the GPU suite: four device
+# calls back to back, each carrying one bundle of tests/gpu/bundles.sh (QuACK installs whole only with the third).
+# Results are packed into $OUT/campaigns-<stage>.tgz after every step.
+#   panels (carry .gpu-a .int21 .campaigns): INT21's build started in the background; each campaign learned again
+#       from the bucket searches of its last GPU run (.campaigns/: call fwd's and call bwd's folders of 2026-12-03,
+#       their journals gzipped), its panels now with the benchmark rows: the forward (h200-fwd-workload-4) and the
+#       backward (h200-bwd-workload-2)
+#   suite (carry .gpu-b): the GPU tests but the bench's (which need every peer)
+#   heldout (carry .gpu-c .int21): every peer loads (QuACK complete, INT21 built); the backward's held-out bench first
+#       (it has none yet), then the forward's in what is left
+#   more (no carry; the host still warm): the forward's held-out bench if call heldout did not reach it, then the
+#       bench's GPU tests
+# On 2026-12-03 (the first run of this script's stages fwd, bwd and heldout) the forward's fp32 panel with the 11
+# benchmark rows ran out of GPU memory: every benchmark pool held its inputs and outputs twice (the canary guards kept
+# a copy of each whole buffer; now only the guard regions).
 # Every step has its own timeout; a bench cut short keeps its rows so far (evo/tools/heldout.py).
 set -uo pipefail
-stage="${1:?usage: campaigns.sh fwd|bwd|heldout}"
+stage="${1:?usage: campaigns.sh panels|suite|heldout|more}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
-FWD=h200-fwd-workload-3
-BWD=h200-bwd-workload-1
+FWD=h200-fwd-workload-4
+BWD=h200-bwd-workload-2
+FWD_SEARCHED=h200-fwd-workload-3
+BWD_SEARCHED=h200-bwd-workload-1
 mkdir -p "$RES"
 pack() { tar czf "$OUT/campaigns-$stage.tgz" -C "$RES" . ; ls -la "$OUT"; }
 trap pack EXIT
@@ -43,34 +47,45 @@ campaign() {   # CONFIG NAME SECONDS [overrides...]
     > "$RES/$name.log" 2>&1; echo "exit $?" >> "$RES/$name.log"; grep -v "^gen\|^  " "$RES/$name.log" | tail -n 12
   keep "$name"
 }
+heldout() {   # NAME SECONDS: a campaign's held-out bench, against every peer and the op as shipped
+  local name="$1" secs="$2"
+  [ -f "/tmp/runs/$name/kernels/dispatch.json" ] || { echo "heldout $name: no learned table"; return 0; }
+  echo "heldout $name: $secs s from $SECONDS s"
+  timeout "$secs" kernel-factory heldout "/tmp/runs/$name" > "$RES/heldout-$name.log" 2>&1
+  echo "exit $?" >> "$RES/heldout-$name.log"; tail -n 8 "$RES/heldout-$name.log"
+  mkdir -p "$RES/$name"; cp /tmp/runs/"$name"/heldout* "$RES/$name/" 2>/dev/null; pack > /dev/null
+}
+gpu_tests() {   # SECONDS PYTEST ARGS...: tests/gpu/run.sh, its log and junit into $RES
+  local secs="$1"; shift
+  OUT="$RES/gpu-tests" timeout "$secs" bash tests/gpu/run.sh "$@" > "$RES/gpu-tests.log" 2>&1
+  echo "exit $?" >> "$RES/gpu-tests.log"; tail -n 15 "$RES/gpu-tests.log"; pack > /dev/null
+}
 case "$stage" in
-fwd)
+panels)
   export KF_PEERS=liger   # QuACK completes in call heldout; INT21 builds in the background meanwhile
   setup .gpu-a
   int21_build
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RES/gpu.txt"
-  campaign configs/rmsnorm_fwd_workload.yaml "$FWD" $(( 520 - SECONDS )) -o workload.search_s=170
+  mkdir -p /tmp/runs && cp -r .campaigns/* /tmp/runs/
+  campaign configs/rmsnorm_fwd_workload.yaml "$FWD" 270 -o "workload.searched_from=.campaigns/$FWD_SEARCHED"
+  campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 560 - SECONDS )) -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
   ;;
-bwd)
+suite)
   export KF_PEERS=liger
   setup .gpu-b
-  if [ ! -f "/tmp/runs/$FWD/kernels/dispatch.json" ]; then   # call fwd was cut in its panels: learn from its searches
-    campaign configs/rmsnorm_fwd_workload.yaml "$FWD-relearn" 260 -o "workload.searched_from=/tmp/runs/$FWD"
-  fi
-  campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 510 - SECONDS )) -o workload.search_s=170
+  gpu_tests 240 tests/gpu --ignore tests/gpu/test_bench_gpu.py
   ;;
 heldout)
   setup .gpu-c
   int21_wait 120 || exit 2
-  for name in "$FWD" "$FWD-relearn" "$BWD"; do
-    [ -f "/tmp/runs/$name/kernels/dispatch.json" ] || continue
-    secs=290
-    [ "$name" = "$BWD" ] && secs=$(( 560 - SECONDS ))
-    echo "heldout $name: $secs s from $SECONDS s"
-    timeout "$secs" kernel-factory heldout "/tmp/runs/$name" > "$RES/heldout-$name.log" 2>&1
-    echo "exit $?" >> "$RES/heldout-$name.log"; tail -n 5 "$RES/heldout-$name.log"
-    mkdir -p "$RES/$name"; cp /tmp/runs/"$name"/heldout* "$RES/$name/" 2>/dev/null; pack > /dev/null
-  done
+  bwd="$BWD"; [ -f "/tmp/runs/$BWD/kernels/dispatch.json" ] || bwd="$BWD_SEARCHED"   # call panels cut: the first rule
+  heldout "$bwd" 330
+  heldout "$FWD" $(( 570 - SECONDS ))
   ;;
-*) echo "campaigns.sh: unknown stage $stage (fwd, bwd or heldout)" >&2; exit 2 ;;
+more)
+  setup
+  grep -q "^exit 0" "$RES/../results-heldout/heldout-$FWD.log" 2>/dev/null || heldout "$FWD" 330
+  gpu_tests $(( 560 - SECONDS )) tests/gpu/test_bench_gpu.py
+  ;;
+*) echo "campaigns.sh: unknown stage $stage (panels, suite, heldout or more)" >&2; exit 2 ;;
 esac
