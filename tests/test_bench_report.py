@@ -2,6 +2,7 @@
 geomeans, the repeat spread, unavailable and failing providers, CSV, PNG and the `--from` re-render."""
 import json
 import math
+import random
 
 from kernel_factory.evo.tools import bench_report, cli, exits
 from kernel_factory.evo.tools.bench import SUBJECT
@@ -12,13 +13,13 @@ def result():
         return {"case": f"bfloat16:1024x{n}", "dtype": "bfloat16", "shape": [1024, n], "bytes": 4 * 1024 * n,
                 "providers": {SUBJECT: {"us": ours, "iqr_us": 0.1, "gbps": 1.0, "pct_copy": 50.0, "graph": n < 512,
                                         "repeat_us": [repeat]},
-                              "torch_eager": {"us": eager, "gbps": 1.0, "pct_copy": 40.0, "graph": False,
+                              "torch_eager": {"us": eager, "gbps": 1.0, "pct_copy": 40.0, "graph": n < 512,
                                               **({"note": "incorrect: dx off"} if n == 8192 else {})},
                               "quack": quack, "liger": {"error": "unavailable: liger-kernel is not installed"}}}
     return {"format": "kernel-factory-bench/1", "problem": "rmsnorm_fwd", "subject": "genome abc",
             "baselines": ["torch_eager", "quack", "liger"], "reps": 50, "repeat": 2, "graph_below_us": 30.0,
             "copy_gbps": 4200.0, "wall_s": 1.0, "fingerprint": {"gpu": "TEST GPU", "date": "2026-11-30T00:00:00"},
-            "rows": [row(256, 10.0, 20.0, {"us": 12.0}, 10.1),        # 1.2x the best peer
+            "rows": [row(256, 10.0, 20.0, {"us": 12.0, "graph": True}, 10.1),        # 1.2x the best peer
                      row(4096, 50.0, 60.0, {"us": 40.0}, 50.5),       # 0.8x: the worst row
                      row(8192, 90.0, 100.0, {"error": "failed: too much shared memory"}, 90.0)]}
 
@@ -32,6 +33,21 @@ def test_worst_rows_first_and_ratios():
     assert math.isclose(gm["vs torch_eager"], (2.0 * 1.2 * (100 / 90)) ** (1 / 3))
     assert math.isclose(gm["vs best peer"], (1.2 * 0.8 * (100 / 90)) ** (1 / 3))
     assert gm["vs liger"] is None
+
+
+def test_a_peer_timed_eagerly_beside_our_graph_replay_counts_only_where_it_is_faster_even_so():
+    r = result()
+    short = r["rows"][0]["providers"]
+    short["quack"] = {"us": 12.0 + 30 * random.random(), "graph": False}   # host-bound: an upper bound
+    short["torch_eager"]["graph"] = False
+    assert bench_report.best_peer(r["rows"][0], ["torch_eager", "quack"]) is None
+    assert bench_report.ratio(r["rows"][0], "quack") is None
+    assert "'-' where a baseline timed eagerly" in bench_report.markdown(r)
+    short["quack"]["us"] = 8.0   # faster even with its host path: it counts, against ours
+    assert bench_report.best_peer(r["rows"][0], ["torch_eager", "quack"]) == ("quack", 8.0)
+    assert bench_report.ratio(r["rows"][0], "quack") == 0.8
+    r["rows"][1]["providers"]["quack"]["graph"] = True   # ours eager, the peer a replay: always stands
+    assert bench_report.ratio(r["rows"][1], "quack") == 0.8
 
 
 def test_markdown_says_what_happened():
@@ -128,3 +144,17 @@ def test_a_bench_stopped_before_its_first_case_writes_nothing(tmp_path, monkeypa
     assert cli.main(["bench", "--table", "t.json", "--out", str(tmp_path)]) == exits.EXIT_INTERRUPTED
     assert "before its first case was measured; nothing written" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_on_a_row_with_any_short_launch_every_provider_is_captured_where_it_can_be():
+    from types import SimpleNamespace
+    from kernel_factory.evo.tools import bench
+    estimates = {"ours": 6.0, "peer_autograd": 160.0 + random.random(), "uncapturable": 5.0}
+    timer = SimpleNamespace(policy=SimpleNamespace(graph_below_us=30.0), estimate_us=lambda fn: estimates[fn],
+                            graphed=lambda fns: None if fns[0] == "uncapturable" else [f"replay of {fns[0]}"])
+    out, graphed = bench.graph_where_short(timer, {k: k for k in estimates})
+    # the peer whose host path outlasts the threshold is captured too: its kernel, not its host path, is timed
+    assert graphed == {"ours", "peer_autograd"} and out["peer_autograd"] == "replay of peer_autograd"
+    assert out["uncapturable"] == "uncapturable"
+    estimates.update(ours=90.0, uncapturable=120.0)
+    assert bench.graph_where_short(timer, {k: k for k in estimates}) == ({k: k for k in estimates}, set())

@@ -307,6 +307,16 @@ def test_heldout_times_the_shipped_op_beside_the_table_and_says_how_they_compare
     assert "against the shipped op fwd fp16" not in md
 
 
+def test_a_heldout_bench_cut_short_says_so_in_its_lines_and_its_report():
+    from kernel_factory.evo.tools import heldout
+    k = random.randint(2, 40)
+    part = {"format": "kernel-factory-bench/1", "partial": f"{k} of 48 cases",
+            "rows": [_row("float16", (3, 5000), 20.0, int21=30.0)]}
+    lines, md = heldout.summarize({"format": "kernel-factory-bench-suite/1", "partial": "0 of 1 parts in full",
+                                   "parts": [part]}, "rmsnorm_bwd")
+    assert f"cut short: {k} of 48 cases benched" in lines[0] and "**Partial**: 0 of 1 parts in full" in md
+
+
 def test_heldout_command_rerenders_a_recorded_bench(tmp_path, capsys):
     from kernel_factory.evo.tools import cli
     (tmp_path / "workload.json").write_text(json.dumps({"config": {"problem": "rmsnorm_fwd"}, "heldout": []}))

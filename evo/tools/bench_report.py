@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from . import bench_compare, peers
-from .peers import COPY, SUBJECT, peer_set
+from .peers import COPY, SUBJECT, comparable, peer_set
 
 FINGERPRINT_KEYS = ("gpu", "sm_count", "driver", "cuda_driver_api", "cuda_runtime", "nvrtc", "torch",
                     "pkg.triton", "pkg.quack-kernels", "pkg.liger-kernel", "pkg.nvidia-cutlass-dsl", "clocks_before",
@@ -21,15 +21,19 @@ FINGERPRINT_KEYS = ("gpu", "sm_count", "driver", "cuda_driver_api", "cuda_runtim
 
 
 def ratio(row: Mapping[str, Any], baseline: str) -> float | None:
-    """baseline time / subject time (above 1: the subject is faster); None if either is missing."""
+    """baseline time / subject time (above 1: the subject is faster); None if either is missing or the two times
+    cannot stand against each other (peers.comparable)."""
     p = row["providers"]
-    if "us" not in p.get(SUBJECT, {}) or "us" not in p.get(baseline, {}):
+    if "us" not in p.get(SUBJECT, {}) or "us" not in p.get(baseline, {}) or not comparable(p[SUBJECT], p[baseline]):
         return None
     return p[baseline]["us"] / p[SUBJECT]["us"]
 
 
 def best_peer(row: Mapping[str, Any], peers: Sequence[str]) -> tuple[str, float] | None:
-    timed = [(n, row["providers"][n]["us"]) for n in peers if "us" in row["providers"].get(n, {})]
+    """The fastest of the peers whose time can stand against ours on the row (peers.comparable)."""
+    mine = row["providers"].get(SUBJECT, {})
+    timed = [(n, e["us"]) for n in peers if "us" in (e := row["providers"].get(n, {}))
+             and ("us" not in mine or comparable(mine, e))]
     return min(timed, key=lambda t: t[1]) if timed else None
 
 
@@ -103,7 +107,9 @@ def markdown(result: Mapping[str, Any]) -> str:
              f"Timing: CUDA events, L2 flushed before every sample, providers interleaved sample by sample, "
              f"{result['reps']} samples each, median (IQR in the JSON); launches under {result['graph_below_us']:g} "
              f"µs timed as CUDA-graph replays where capturable (marked g). Measured copy bandwidth "
-             f"{result['copy_gbps']:.0f} GB/s. Ratio = baseline µs / ours (above 1: ours is faster). Worst rows "
+             f"{result['copy_gbps']:.0f} GB/s. Ratio = baseline µs / ours (above 1: ours is faster); '-' where a "
+             f"baseline timed eagerly (its host path included) was slower than ours as a graph replay: the two "
+             f"cannot stand against each other. Worst rows "
              f"first (by ratio to the best peer). {best_of_sentence(result)}", ""]
     if result.get("partial"):
         lines += [f"**Partial**: the bench was stopped after {result['partial']}; only those are here.", ""]

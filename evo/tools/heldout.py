@@ -39,6 +39,7 @@ def row_ratio(row: Mapping[str, Any], ran: Sequence[str]) -> tuple[float | None,
     """(best eligible peer's time / ours, that peer, notes on peers left out of the row: crashed, failed or outside
     tolerance), among the peers that ran somewhere in the bench."""
     providers = row["providers"]
+    mine = providers.get(bench.SUBJECT, {})
     notes, timed = [], []
     for name in ran:
         entry = providers.get(name)
@@ -48,9 +49,12 @@ def row_ratio(row: Mapping[str, Any], ran: Sequence[str]) -> tuple[float | None,
             notes.append(f"{name} {'crashed' if peers.crashed(entry) else 'failed'}: {entry['error'][:80]}")
         elif "note" in entry:
             notes.append(f"{name} left out: {entry['note'][:80]}")
+        elif "us" in entry and "us" in mine and not peers.comparable(mine, entry):
+            notes.append(f"{name} timed eagerly ({entry['us']:.1f} µs, host path and all) beside our graph replay: "
+                         f"not comparable")
         elif "us" in entry:
             timed.append((entry["us"], name))
-    ours = providers.get(bench.SUBJECT, {}).get("us")
+    ours = mine.get("us")
     if not timed or not ours:
         return None, "", notes
     us, name = min(timed)
@@ -79,7 +83,8 @@ def summarize(result: Mapping[str, Any], problem: str) -> tuple[list[str], str]:
     if tuned:
         said += (f" Not timed on held-out shapes, by the problem's declaration: {', '.join(tuned)} (it tunes itself "
                  f"at every new shape; it is timed on the benchmark rows).")
-    md = "\n".join(["# Held-out validation", "", said, "", *[f"- `{f[1]}`" for f in found], "",
+    cut = [f"**Partial**: {result['partial']}; only what was measured is here."] if result.get("partial") else []
+    md = "\n".join(["# Held-out validation", "", said, "", *cut, *([""] if cut else []), *[f"- `{f[1]}`" for f in found], "",
                     *(["The learned table against the op as shipped (its committed table, timed in the same process; "
                        "above 1 the learned table is faster):", *[f"- `{line}`" for line in shipped], ""]
                       if shipped else []),
@@ -101,7 +106,8 @@ def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: 
         table.append(f"| {SHORT[dtype]} | {shape} | {_fmt(mine.get('us'))} | {peer or '-'} | "
                      f"{_fmt(ratio, '.3f')} | {_fmt(mine.get('pct_copy'), '.0f')} | "
                      f"{'; '.join(notes) or mine.get('error', '') or r.get('crashed', '')} |")
-    note = f" ({acct.note()})" if acct.note() else ""
+    note = "; ".join(n for n in (acct.note(), part.get("partial") and f"cut short: {part['partial']} benched") if n)
+    note = f" ({note})" if note else ""
     if not ratios:
         return f"held-out {part_name(problem)} {SHORT[dtype]}: no shape with both ours and a peer timed{note}"
     geo = bench_report.geomean([v for v, _ in ratios])
@@ -112,14 +118,17 @@ def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: 
 
 def against_op(part: Mapping[str, Any], dtype: str, problem: str) -> str | None:
     """One dtype's line for the learned table against the shipped op, over the rows where both were timed."""
-    ratios = sorted((r["providers"][peers.OWN_OP]["us"] / r["providers"][bench.SUBJECT]["us"],
-                     "x".join(map(str, r["shape"]))) for r in part["rows"] if r["dtype"] == dtype
-                    and "us" in r["providers"].get(peers.OWN_OP, {}) and r["providers"].get(bench.SUBJECT, {}).get("us"))
+    rows = [r for r in part["rows"] if r["dtype"] == dtype and "us" in r["providers"].get(peers.OWN_OP, {})
+            and "us" in r["providers"].get(bench.SUBJECT, {})]
+    ratios = sorted((bench_report.ratio(r, peers.OWN_OP), "x".join(map(str, r["shape"]))) for r in rows
+                    if bench_report.ratio(r, peers.OWN_OP))
     if not ratios:
         return None
+    apart = len(rows) - len(ratios)
     return (f"against the shipped op {part_name(problem)} {SHORT[dtype]}: geomean "
             f"{bench_report.geomean([v for v, _ in ratios]):.2f}x over {len(ratios)} shapes, worst {ratios[0][0]:.2f}x "
-            f"at {ratios[0][1]}")
+            f"at {ratios[0][1]}" + (f" ({apart} more not comparable: the op timed eagerly beside the table's graph "
+                                    f"replay, and slower)" if apart else ""))
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:

@@ -141,6 +141,13 @@ def recorded_peers(part: Mapping[str, Any], problem: str | None = None) -> tuple
     return [p.baseline for p in for_shapes(plugin, "benchmark" if on_bench else "heldout")], asked, labels
 
 
+def comparable(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> bool:
+    """Whether a peer's time in a bench row can stand against ours. A graph replay times the kernel; an eager call
+    times the kernel or, when its host path is slower, the host path: an upper bound. So a peer timed eagerly beside
+    our graph replay counts only where it is faster even so; any other pair of modes can only count against ours."""
+    return not (ours.get("graph") and not peer.get("graph") and peer["us"] >= ours["us"])
+
+
 def crashed(entry: Mapping[str, Any]) -> bool:
     return bool(entry.get("crashed")) or str(entry.get("error", "")).startswith("crashed")
 
