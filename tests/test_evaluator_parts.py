@@ -1,5 +1,7 @@
 """Small evaluator pieces on the CPU: timing summaries, the throughput figure, recordings of a grown gene space,
 restricted spaces, the launcher's kernel attributes, and the GPU worker's setup errors."""
+import random
+
 import pytest
 
 from kernel_factory.evo.evaluate import measure, recording
@@ -74,27 +76,60 @@ def test_clusters_above_eight_ctas_are_allowed_once_per_kernel(monkeypatch):
     assert calls == [("K", wide, 1), ("D", wide, 1)]
 
 
-def test_cases_that_do_not_fit_in_gpu_memory_are_a_clear_setup_error():
-    """A worker holds every benchmark case's inputs at once; when the third of four does not fit, the error says
-    what fitted and what to change (a run of ten wide cases once failed here with an allocator traceback)."""
-    import torch
-    from types import SimpleNamespace
-    from kernel_factory.evo.evaluate import worker
-    from kernel_factory.evo.types import Case
-    cases = [Case((32768, 65536), dt) for dt in ("bfloat16", "float16")] + [Case((8192, 262144), "bfloat16"),
-                                                                           Case((8192, 262144), "float16")]
-    made = []
+class FakeGpu:
+    """Pools of known sizes in a GPU of `capacity` GiB: making one that does not fit raises torch's OOM."""
 
-    def pool(case):
-        if len(made) == 2:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
-        made.append(case)
-        return SimpleNamespace(nbytes=3 * 2**30)
-    with pytest.raises(worker.SetupError) as err:
-        worker.allocate_pools(pool, cases, 140 * 2**30)
-    text = str(err.value)
-    assert "4 benchmark cases" in text and "2 fitted (6.0 GiB of inputs and outputs)" in text
-    assert "bfloat16:8192x262144 did not (140 GiB on the GPU)" in text and "-o 'dtypes=[bfloat16]'" in text
+    def __init__(self, capacity: float):
+        self.capacity, self.used, self.made, self.freed = capacity, 0.0, [], 0
+
+    def make(self, case):
+        import torch
+        from types import SimpleNamespace
+        size = case.shape[0] * case.shape[1] * 4 / 2**30
+        if self.used + size > self.capacity:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size:.2f} GiB")
+        self.used += size
+        self.made.append(case.key)
+        return SimpleNamespace(nbytes=int(size * 2**30), size=size)
+
+
+def _pools(gpu):
+    from kernel_factory.evo.evaluate import bench_pools
+
+    def release():   # what freed pools held goes back (the worker's release_memory: gc, empty_cache)
+        gpu.used = sum(p.size for p in pools.held.values())
+        gpu.freed += 1
+    pools = bench_pools.Pools(gpu.make, release)
+    return pools
+
+
+def test_pools_that_do_not_fit_together_are_made_when_used_the_least_recently_used_freed():
+    """An fp32 panel with the benchmark rows did not fit in GPU memory together: the worker then made none. Now what
+    fits is made up front, the rest when used, and a case is made again (the same seeds) after being freed."""
+    from kernel_factory.evo.evaluate import bench_pools
+    from kernel_factory.evo.types import Case
+    gpu = FakeGpu(capacity=20.0)
+    cases = [Case((1024 * k, 1 << 20), "float32") for k in (2, 3, 1, 2, 4)]   # 8, 12, 4, 8, 16 GiB
+    pools = _pools(gpu)
+    bench_pools.allocate_pools(pools, cases, 20 * 2**30)
+    # 20 GiB: the third did not fit beside the first two; it fits alone, made with the oldest freed for room
+    assert gpu.made == [c.key for c in cases[:3]] and list(pools.held) == [cases[1].key, cases[2].key]
+    assert pools.get(cases[1]) and list(pools.held) == [cases[2].key, cases[1].key]   # used: now the most recent
+    assert gpu.made.count(cases[1].key) == 1
+    assert pools.get(cases[4]).size == 16 and list(pools.held) == [cases[4].key] and pools.remade == 3
+    assert pools.get(cases[0]) and gpu.made.count(cases[0].key) == 2   # made again when used again
+
+
+def test_a_case_that_does_not_fit_alone_is_a_clear_setup_error():
+    import pytest
+    from kernel_factory.evo.evaluate import bench_pools
+    from kernel_factory.evo.types import Case
+    wide = Case((8192, 262144 * random.choice((4, 5))), "float32")
+    for cases in ([wide], [Case((8, 1 << 20), "float32"), wide]):
+        with pytest.raises(bench_pools.SetupError) as err:
+            bench_pools.allocate_pools(_pools(FakeGpu(capacity=20.0)), cases, 20 * 2**30)
+        assert f"benchmark case {wide.key} does not fit in GPU memory (20 GiB on the GPU) even alone" in str(err.value)
+        assert "-o shapes=MxN" in str(err.value)
 
 
 def test_a_setup_error_reaches_the_parent_as_its_message_alone(monkeypatch):

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .. import registry
 from . import gate, launcher, measure
+from .bench_pools import Pool, Pools, SetupError, allocate_pools, checksum
 from ..protocols import Launch, Problem, RowReference
 from ..types import Case, Status
 
@@ -26,16 +27,11 @@ FATAL_MARKERS = ("ILLEGAL_ADDRESS", "illegal memory access", "MISALIGNED", "misa
                  "unspecified launch failure", "ILLEGAL_INSTRUCTION", "illegal instruction", "HARDWARE_STACK_ERROR",
                  "ASSERT", "device-side assert", "LAUNCH_TIMEOUT", "unknown error", "TRAP", "trap")
 BENCH_SAMPLE_ROWS = 256     # rows of each benchmark output re-checked after timing
-ROTATE_BELOW_BYTES = 2**30  # benchmark cases with less input than this get a second input set to rotate through
 ROOFLINE_SLACK = 1.05       # faster than bytes / (1.05 x measured copy bandwidth) is physically suspect
 
 
 class Fatal(Exception):
     """The CUDA context is poisoned: report, then exit so the parent can restart a clean worker."""
-
-
-class SetupError(Exception):
-    """The worker cannot start for a reason the user can act on: reported as its message, without a traceback."""
 
 
 class Rejected(Exception):
@@ -44,48 +40,6 @@ class Rejected(Exception):
     def __init__(self, status: Status, message: str):
         super().__init__(message)
         self.status = status
-
-
-class Pool:
-    """A benchmark case's input sets (allocated once per worker, fixed seeds) and its guarded outputs."""
-
-    def __init__(self, problem: Problem, case: Case):
-        import torch
-        gen = torch.Generator("cuda").manual_seed(7)
-        first = problem.make_inputs(case, seed=12345, device="cuda")
-        size = sum(t.numel() * t.element_size() for t in first.values() if hasattr(t, "numel"))
-        sets = [first] + ([problem.make_inputs(case, seed=54321, device="cuda")] if size < ROTATE_BELOW_BYTES else [])
-        # Inputs fenced by canaries too: a write past the end of x or w during timing is seen after it.
-        self.input_guards = [gate.Guarded(s, gen, copy=True) for s in sets]
-        self.inputs = [g.views for g in self.input_guards]
-        del first, sets
-        self.guarded = gate.Guarded(problem.make_outputs(case, "cuda"), gen)
-        self.checksums = [checksum(i) for i in self.inputs]
-        self.nbytes = size * len(self.inputs) + sum(t.numel() * t.element_size()
-                                                    for t in self.guarded.views.values() if hasattr(t, "numel"))
-
-
-def allocate_pools(pool: Any, cases: Sequence[Case], gpu_bytes: int) -> None:
-    """Make every benchmark case's pool up front (`pool(case)` -> Pool). A worker holds them all at once, so too
-    many wide cases run out of GPU memory: that is a SetupError saying what fitted and what to change."""
-    import torch
-    held = 0
-    for i, case in enumerate(cases):
-        try:
-            held += pool(case).nbytes
-        except torch.OutOfMemoryError as exc:
-            raise SetupError(
-                f"the input sets of the run's {len(cases)} benchmark cases do not fit in GPU memory together: "
-                f"{i} fitted ({held / 2**30:.1f} GiB of inputs and outputs), {case.key} did not ({gpu_bytes / 2**30:.0f} GiB "
-                f"on the GPU). Measure fewer or narrower cases per run: one dtype per run (-o 'dtypes=[bfloat16]') "
-                f"or fewer shapes (-o shapes=MxN,...)") from exc
-
-
-def checksum(inputs: Mapping[str, Any]) -> dict[str, int]:
-    import torch
-    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return {k: int(v.view(ints[v.element_size()]).sum(dtype=torch.int64)) for k, v in inputs.items()
-            if hasattr(v, "element_size")}
 
 
 class Bench:
@@ -104,7 +58,7 @@ class Bench:
         self.check_cases = [Case.parse(k) for k in setup["check_cases"]]
         self.baseline = setup["baseline"]
         self.check_seeds = int(setup.get("check_seeds", 2))
-        self.pools: dict[str, Pool] = {}
+        self.pools = Pools(lambda case: Pool(self.problem, case), release_memory)
         self.copy_gbps = 0.0
         # The baseline: measured at setup and again every baseline_every_s seconds while candidates run (clocks and
         # temperature drift: a baseline timed once, on a GPU that had sat idle through a compile, flattered every
@@ -120,9 +74,7 @@ class Bench:
         self.host_bound: set[str] = set()   # rows whose baseline's host path outlasted the flush (its time may leak)
 
     def pool(self, case: Case) -> Pool:
-        if case.key not in self.pools:
-            self.pools[case.key] = Pool(self.problem, case)
-        return self.pools[case.key]
+        return self.pools.get(case)
 
     def prepare(self, module: launcher.Module, genes: Mapping[str, Any], case: Case, inputs: Mapping[str, Any],
                 outputs: Mapping[str, Any]):
@@ -372,7 +324,7 @@ def run_timed(timer: measure.Timer, fns, graphs: bool = True) -> measure.Timing:
 def start(msg: Mapping[str, Any]) -> tuple[Bench, dict[str, Any]]:
     """Set up, measure copy bandwidth and the baseline, then prove the setup with a known-good kernel."""
     bench = Bench(msg)
-    allocate_pools(bench.pool, bench.bench_cases, bench.torch.cuda.get_device_properties(0).total_memory)
+    allocate_pools(bench.pools, bench.bench_cases, bench.torch.cuda.get_device_properties(0).total_memory)
     before = measure.clocks()
     bench.copy_gbps = msg.get("copy_gbps") or measure.copy_bandwidth_gbps(bench.timer)
     if msg.get("baseline_us"):   # a restart: the last measurement of the worker it replaces
