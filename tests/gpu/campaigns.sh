@@ -12,6 +12,9 @@
 #       (it has none yet), then the forward's in what is left
 #   more (no carry; the host still warm): the forward's held-out bench if call heldout did not reach it, then the
 #       bench's GPU tests
+#   bwd (carry .gpu-a .int21 .campaigns): for the next session, in place of panels: the backward learned again with
+#       the benchmark rows (its pools now made on demand), then the GPU tests that failed unnamed in call suite's
+#       first files; call heldout then benches the new backward rule (h200-bwd-workload-2) with every peer
 # On 2026-12-03 (the first run of this script's stages fwd, bwd and heldout) the forward's fp32 panel with the 11
 # benchmark rows ran out of GPU memory: every benchmark pool held its inputs and outputs twice (the canary guards kept
 # a copy of each whole buffer; now only the guard regions). In this script's run (2026-12-03, later) the forward's
@@ -21,7 +24,7 @@
 # does not carry it loses INT21), then the benchmark rows of its table (docs/results/README.md has the commands).
 # Every step has its own timeout; a bench cut short keeps its rows so far (evo/tools/heldout.py).
 set -uo pipefail
-stage="${1:?usage: campaigns.sh panels|suite|heldout|more}"
+stage="${1:?usage: campaigns.sh panels|bwd|suite|heldout|more}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 FWD=h200-fwd-workload-4
@@ -61,7 +64,9 @@ heldout() {   # NAME SECONDS: a campaign's held-out bench, against every peer an
 }
 gpu_tests() {   # SECONDS PYTEST ARGS...: tests/gpu/run.sh, its log and junit into $RES
   local secs="$1"; shift
-  OUT="$RES/gpu-tests" timeout "$secs" bash tests/gpu/run.sh "$@" > "$RES/gpu-tests.log" 2>&1
+  # -vv: each test's name and outcome as it ends (run.sh's -q leaves one level), so a run cut by its limit still
+  # names its failures (the 2026-12-03 suite was cut before pytest's summary)
+  OUT="$RES/gpu-tests" timeout "$secs" bash tests/gpu/run.sh -vv "$@" > "$RES/gpu-tests.log" 2>&1
   echo "exit $?" >> "$RES/gpu-tests.log"; tail -n 15 "$RES/gpu-tests.log"; pack > /dev/null
 }
 case "$stage" in
@@ -73,6 +78,14 @@ panels)
   mkdir -p /tmp/runs && cp -r .campaigns/* /tmp/runs/
   campaign configs/rmsnorm_fwd_workload.yaml "$FWD" 270 -o "workload.searched_from=.campaigns/$FWD_SEARCHED"
   campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 560 - SECONDS )) -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
+  ;;
+bwd)   # the next session's first call (carry .gpu-a .int21 .campaigns): the backward with the benchmark rows again
+  export KF_PEERS=liger
+  setup .gpu-a
+  int21_build
+  mkdir -p /tmp/runs && cp -r .campaigns/* /tmp/runs/
+  campaign configs/rmsnorm_bwd_workload.yaml "$BWD" 330 -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
+  gpu_tests $(( 570 - SECONDS )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_rmsnorm_bwd_gpu.py
   ;;
 suite)
   export KF_PEERS=liger
@@ -91,5 +104,5 @@ more)
   grep -q "^exit 0" "$RES/../results-heldout/heldout-$FWD.log" 2>/dev/null || heldout "$FWD" 330
   gpu_tests $(( 560 - SECONDS )) tests/gpu/test_bench_gpu.py
   ;;
-*) echo "campaigns.sh: unknown stage $stage (panels, suite, heldout or more)" >&2; exit 2 ;;
+*) echo "campaigns.sh: unknown stage $stage (panels, bwd, suite, heldout or more)" >&2; exit 2 ;;
 esac
