@@ -160,6 +160,8 @@ class WorkloadConfig:
     neighbours: int = 3                       # buckets searched before whose winners seed the next bucket
     panel: int = 24                           # most genomes per dtype timed on every training case
     rule_depth: int = 4                       # depth of the learned dispatch tree
+    rule: str = "tree"                        # the learned dispatch: tree, near (nearest shapes) or auto (per dtype,
+                                              # the better of the two on training cases left out of the learning)
     # Bucket by dtype too (a search per dtype and class), or search each class on all its dtypes' shapes at once
     # (genes are dtype-free; the panel and the rule stay per dtype): a third of the searches.
     bucket_by_dtype: bool = True

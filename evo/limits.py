@@ -153,12 +153,17 @@ def _workers(cfg: Any) -> str | None:
     return None
 
 
+RULES = ("tree", "near", "auto")   # a workload campaign's dispatch learners (evo/tools/workload.py)
+
+
 def _workload(w: Any) -> str | None:
     if w is None:
         return None
     for key in ("train", "heldout", "per_bucket", "panel", "rule_depth"):
         if getattr(w, key) < 1:
             return f"config key 'workload.{key}' must be >= 1, got {getattr(w, key)}"
+    if w.rule not in RULES:
+        return f"config key 'workload.rule' must be one of {', '.join(RULES)}, got {w.rule!r}"
     if w.search_s is not None and w.search_s <= 0:
         return f"config key 'workload.search_s' must be > 0 (or null for no limit), got {w.search_s}"
     if w.neighbours < 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,8 @@ def test_config_rejects_bad_workload_keys():
         campaign.plan(config.parse({"problem": "rmsnorm_fwd", "workload": {"panel_twins": {"colour": 1}}}))
     with pytest.raises(ConfigError, match=r"workload.panel_twins.tail': 'vector' is not one of \['scalar', 'peel'\]"):
         campaign.plan(config.parse({"problem": "rmsnorm_fwd", "workload": {"panel_twins": {"tail": "vector"}}}))
+    with pytest.raises(ConfigError, match=r"workload.rule' must be one of tree, near, auto, got 'forest'"):
+        config.parse({"problem": "rmsnorm_fwd", "workload": {"rule": "forest"}})
 
 
 def test_panel_twins_add_each_genome_with_the_shape_dependent_value_where_feasible():
@@ -141,6 +144,54 @@ def test_fit_prefers_one_leaf_when_a_split_buys_nothing():
     # a genome never measured on a case counts as twice the best there
     fitted = learn.fit({cases[0].key: {"a": 1.0}, cases[1].key: {"b": 1.0}}, depth=0)
     assert fitted.worst == pytest.approx(2.0)
+
+
+def test_nearest_shapes_vote_with_their_slowdowns_and_keep_tail_rows_apart():
+    rng = random.Random()
+
+    def shape(lo, hi, odd):   # log-uniform M and N, N a whole number of 16-byte vectors or odd
+        n = int(2 ** rng.uniform(lo, hi))
+        return Case((int(2 ** rng.uniform(0, 16)), n | 1 if odd else max(8, n // 8 * 8)), "bfloat16")
+
+    def best_of(c):
+        return "odd" if c.shape[1] % 8 else ("small" if c.shape[1] <= 4096 else "wide")
+    cases = [shape(6, 16, rng.random() < 0.3) for _ in range(200)]
+    fitted = learn.fit_near(_times(cases, best_of))
+    near = fitted.tree["near"]
+    assert dispatch_rule.check(fitted.tree, "t") == [] and sorted(near["genomes"]) == ["odd", "small", "wide"]
+    assert fitted.slowdown < 1.05 and dispatch_rule.leaves(fitted.tree) == near["genomes"]
+    # away from the boundary between small and wide rows an unseen shape gets its regime's genome; an odd width
+    # votes only with odd widths (vec_ok keeps them apart), wherever it lies
+    for c in [shape(6, 10.5, False) for _ in range(40)] + [shape(13.5, 16, False) for _ in range(40)] + \
+             [shape(6, 16, True) for _ in range(40)]:
+        assert learn.chosen(fitted.tree, c) == best_of(c), c
+    bad = {"near": {"k": 0, "genomes": [], "points": [{"at": [1, 2], "cost": {"a": "x"}}]}}
+    problems = " ".join(dispatch_rule.check(bad, "fp16.rule"))
+    assert "'k' must be" in problems and "'genomes' must" in problems and "fp16.rule.near.points[0]: 'at'" in problems
+    assert "points[0]: 'cost'" in problems
+
+
+def test_left_out_says_what_a_rule_does_on_cases_it_was_not_fitted_to():
+    cases = [Case((m, 1024), "float32") for m in (1, 4, 16, 64, 256, 1024)]
+    # every case has its own best genome: a rule fits its training set perfectly, but on a case left out it can only
+    # pick another case's genome (1.25x there)
+    times = {c.key: {f"g{j}": (1.0 if i == j else 1.25) for j in range(len(cases))} for i, c in enumerate(cases)}
+    assert learn.fit_near(times, k=1).slowdown == pytest.approx(1.0)
+    assert learn.left_out(times, learn.fit_near)[:2] == (pytest.approx(1.25), pytest.approx(1.25))
+    assert learn.left_out(times, lambda t: learn.fit(t, depth=4))[0] == pytest.approx(1.25)
+
+
+def test_the_left_out_report_reads_panel_files(tmp_path):
+    base = fwd.space.defaults()
+    genomes = [Genome.of({**base, "threads": t}) for t in (128, 256, 512)]
+    cases = [f"float16:{m}x{n}" for m in (1, 64, 4096) for n in (256, 8192)]
+    rng = random.Random()
+    path = tmp_path / "panel-float16.jsonl"
+    path.write_text("".join(json.dumps({"genome": g.to_json(), "result": {"status": "ok", "times_us": {
+        c: rng.uniform(5, 50) for c in cases}}}) + "\n" for g in genomes))
+    lines = campaign.left_out_report([str(path)]).splitlines()
+    assert [line.split(":")[0] for line in lines] == ["panel-float16.jsonl tree", "panel-float16.jsonl near"]
+    assert all(re.search(r"training \d\.\d{3}x, worst \d\.\d{3}x; left out \d\.\d{3}x, worst", line) for line in lines)
 
 
 def test_rule_structure_errors_name_the_node():
@@ -382,7 +433,7 @@ def test_the_backward_runs_the_same_campaign_and_its_table_dispatches_by_m_and_n
     cfg = config.parse({
         "problem": "rmsnorm_bwd", "seed": 4, "out_dir": str(tmp_path / "runs"), "observers": ["journal"],
         "workload": {"dtypes": ["bfloat16"], "train": 8, "heldout": 10, "seed": 11, "per_bucket": 4, "panel": 4,
-                     "rule_depth": 2, "n": [64, 16384], "validate": False},
+                     "rule_depth": 2, "rule": "auto", "n": [64, 16384], "validate": False},
         "search": {"population": 4}})
     plan = campaign.plan(cfg)
     assert plan.workload.dtypes == ("bfloat16",) and plan.workload == narrow(bwd.workload, dtypes=["bfloat16"],
@@ -395,6 +446,9 @@ def test_the_backward_runs_the_same_campaign_and_its_table_dispatches_by_m_and_n
         assert all(set(c.genome.gene_dict) <= {g.name for g in bwd.space.genes} for c, _ in run.pairs())
     table = Table(folder / "kernels" / "dispatch.json")
     assert table.problem == "rmsnorm_bwd" and "rule" in table.data["dtypes"]["bfloat16"]
+    fit = table.data["dtypes"]["bfloat16"]["fit"]   # rule: auto took the learner better on the cases left out
+    assert fit["rule"] == min(fit["left_out_of"], key=fit["left_out_of"].get) and set(fit["left_out_of"]) == {
+        "tree", "near"} and fit["left_out"]["slowdown"] == min(fit["left_out_of"].values())
     for c in [*plan.split.train, *plan.split.heldout]:   # any shape gets a backward kernel the rule names
         m, n = c.shape
         gid, why = table.choose("bfloat16", n, m)

@@ -237,24 +237,35 @@ def read_panel(path: Path) -> tuple[dict[str, Genome], dict[str, dict[str, float
     return genomes, learn.times_of(pairs)
 
 
-def learn_table(problem_name: str, panels: Mapping[str, Path], depth: int, campaign: str) -> dict[str, Any]:
-    """Step 4: the dispatch table (selection: genomes and a rule per dtype) learned from the panels."""
+def learn_table(problem_name: str, panels: Mapping[str, Path], depth: int, campaign: str,
+                rule: str = "tree") -> dict[str, Any]:
+    """Step 4: the dispatch table (selection: genomes and a rule per dtype) learned from the panels: a decision tree
+    of `depth`, nearest shapes, or per dtype whichever of the two does better on each training case left out of its
+    learning in turn (`rule`: tree, near, auto); with its fit on the training set and on the cases left out."""
     table: dict[str, Any] = {"format": dispatch.OLD_FORMAT, "problem": problem_name, "genomes": {}, "dtypes": {},
-                             "learned": {"campaign": campaign, "from": "panel times of the training set"}}
+                             "learned": {"campaign": campaign, "from": "panel times of the training set",
+                                         "rule": rule}}
+    learners = {"tree": lambda t: learn.fit(t, depth=depth), "near": learn.fit_near}
     for dtype, path in sorted(panels.items()):
         genomes, times = read_panel(path)
         if not times:
             continue
-        fitted = learn.fit(times, depth=depth)
+        outs = {name: learn.left_out(times, learners[name]) for name in (learners if rule == "auto" else [rule])}
+        kind = min(outs, key=lambda name: outs[name][0])
+        fitted, out = learners[kind](times), outs[kind]
         general = learn.fit(times, depth=0).tree["leaf"]
         table["dtypes"][dtype] = {"rule": fitted.tree, "general": {"genome": general}, "by_n": {},
                                   "fit": {"cases": len(times), "slowdown": fitted.slowdown,
-                                          "worst": fitted.worst, "worst_case": fitted.worst_case}}
+                                          "worst": fitted.worst, "worst_case": fitted.worst_case,
+                                          "left_out": {"slowdown": out[0], "worst": out[1], "worst_case": out[2]},
+                                          "rule": kind, **({"left_out_of": {n: o[0] for n, o in outs.items()}}
+                                                           if len(outs) > 1 else {})}}
         for gid in {general, *dispatch.op_table.chosen_genomes(table["dtypes"][dtype])}:
             table["genomes"][gid] = genomes[gid].to_json()
-        print(f"workload: rule {dtype}: {len(set(dispatch.op_table.chosen_genomes(table['dtypes'][dtype])))} "
+        print(f"workload: rule {dtype} ({kind}): {len(set(dispatch.op_table.chosen_genomes(table['dtypes'][dtype])))} "
               f"genomes, on the training set {fitted.slowdown:.3f}x the fastest measured genome per shape (geomean)"
-              f", worst {fitted.worst:.3f}x at {fitted.worst_case}", file=sys.stderr)
+              f", worst {fitted.worst:.3f}x at {fitted.worst_case}; each case left out of the learning "
+              f"{out[0]:.3f}x, worst {out[1]:.3f}x at {out[2]}", file=sys.stderr)
     return table
 
 
@@ -306,7 +317,7 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
             found = (searched_winners(cfg, p) if cfg.workload.searched_from
                      else search_buckets(cfg, campaign, folder, p))
             panels = panel(cfg, folder, p, found)
-        table = learn_table(cfg.problem, panels, cfg.workload.rule_depth, campaign)
+        table = learn_table(cfg.problem, panels, cfg.workload.rule_depth, campaign, cfg.workload.rule)
         dispatch.build(problem, table, folder / "kernels" / dispatch.CUBIN_FOLDER)
         (folder / "kernels" / TABLE).write_text(dispatch.dumps(table))
         if cfg.workload.validate:
@@ -323,3 +334,21 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
         if mlflow_run:
             track(cfg, campaign, folder, p, mlflow_run, status)
     return folder
+
+
+def left_out_report(paths: Sequence[str], depth: int = 4) -> str:
+    """Per panel file and learner (a tree of `depth`, nearest shapes): the fit on its training shapes and on each
+    shape left out of the learning in turn. `python -m kernel_factory.evo.tools.workload PANEL.jsonl ...`"""
+    lines = []
+    for path in paths:
+        _, times = read_panel(Path(path))
+        for name, learner in (("tree", lambda t: learn.fit(t, depth=depth)), ("near", learn.fit_near)):
+            fitted, out = learner(times), learn.left_out(times, learner)
+            lines.append(f"{Path(path).name} {name}: training {fitted.slowdown:.3f}x, worst {fitted.worst:.3f}x; "
+                         f"left out {out[0]:.3f}x, worst {out[1]:.3f}x at {out[2]}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(left_out_report(sys.argv[1:]))
+
