@@ -170,6 +170,9 @@ class WorkloadConfig:
     # A later pass over a finished campaign: skip the bucket searches and take their winners from this campaign folder
     # (its journals/), to re-time and re-learn with more genomes or shapes.
     searched_from: str | None = None
+    # Or skip the panels too: learn again from this campaign folder's panels (panel-<dtype>.jsonl, or packed in its
+    # panels.tar.xz), on any machine; it must have drawn the same held-out shapes.
+    panels_from: str | None = None
     # a dispatch table whose genomes (per dtype) join every panel; each bucket's search starts from the genomes it
     # picks for that bucket's shapes
     panel_from: str | None = None

@@ -8,6 +8,7 @@ import json
 import math
 import random
 import re
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -404,6 +405,30 @@ def test_a_second_pass_relearns_from_the_searched_winners_a_table_and_more_shape
     base["workload"]["n"] = [64, 4096]
     with pytest.raises(ConfigError, match="searched other buckets"):
         campaign.run_campaign(config.parse(base), "third")
+
+
+def test_a_rule_learned_again_from_an_earlier_campaigns_panels_times_nothing(tmp_path, model_gpu):
+    base = {"problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"), "observers": ["journal"],
+            "workload": {"dtypes": ["float16", "float32"], "train": 6, "heldout": 6, "seed": 9, "per_bucket": 4,
+                         "panel": 4, "n": [64, 8192], "validate": False}, "search": {"population": 4}}
+    first = campaign.run_campaign(config.parse(base), "first")
+    timed = len(model_gpu.ledger)
+    with tarfile.open(first / "panels.tar.xz", "w:xz") as packed:   # packed, as a committed campaign holds them
+        packed.add(first / "panel-float16.jsonl", "panel-float16.jsonl")
+    (first / "panel-float16.jsonl").unlink()
+    base["workload"].update(panels_from=str(first), rule="near")
+    again = campaign.run_campaign(config.parse(base), "again")
+    assert len(model_gpu.ledger) == timed and not list((tmp_path / "runs").glob("again.*"))
+    table = Table(again / "kernels" / "dispatch.json")
+    for dtype in ("float16", "float32"):
+        assert (again / f"panel-{dtype}.jsonl").is_file() and "near" in table.data["dtypes"][dtype]["rule"]
+        gid, why = table.choose(dtype, 4096, 77)
+        assert gid in table.data["genomes"] and table.kernel(dtype, 4096, 77).cubin()[:4] == b"\x7fELF"
+    for change, match in (({"seed": 10}, "drew other held-out shapes"),
+                          ({"searched_from": str(first)}, "exclude each other"),
+                          ({"panels_from": str(tmp_path)}, "is not a campaign folder")):
+        with pytest.raises(ConfigError, match=match):
+            campaign.run_campaign(config.parse({**base, "workload": {**base["workload"], **change}}), "bad")
 
 
 def test_each_bucket_search_starts_from_what_the_table_picks_for_its_shapes(tmp_path, model_gpu):

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import sys
+import tarfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -162,6 +163,43 @@ def searched_winners(cfg: RunConfig, p: Plan) -> dict[str, list[Genome]]:
                               f"{folder}/journals or {cfg.out_dir}")
         found[b] = winners(path, WINNERS)
     return found
+
+
+def earlier_panels(cfg: RunConfig, folder: Path, p: Plan) -> dict[str, Path]:
+    """Steps 2-3 of an earlier campaign: its panels (panel-<dtype>.jsonl, or packed in panels.tar.xz as committed),
+    copied into this campaign's folder. It must have drawn this plan's held-out shapes, so that none was timed."""
+    src, key = Path(cfg.workload.panels_from), "config key 'workload.panels_from'"
+    if cfg.workload.searched_from:
+        raise ConfigError(f"{key} and 'workload.searched_from' exclude each other: panels_from learns from panels "
+                          f"already timed, searched_from times its winners again")
+    try:
+        earlier = json.loads((src / PLAN).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{key}: {str(src)!r} is not a campaign folder ({exc})") from None
+    if sorted(earlier.get("heldout", [])) != sorted(c.key for c in p.split.heldout):
+        raise ConfigError(f"{key}: {str(src)!r} drew other held-out shapes than this workload; use the same "
+                          f"workload keys as that campaign")
+    packed = tarfile.open(src / "panels.tar.xz") if (src / "panels.tar.xz").is_file() else None
+    out = {}
+    try:
+        for dtype in p.workload.dtypes:
+            name = f"panel-{dtype}.jsonl"
+            if (src / name).is_file():
+                text = (src / name).read_bytes()
+            elif packed is not None and name in packed.getnames():
+                text = packed.extractfile(name).read()
+            else:
+                continue
+            out[dtype] = folder / name
+            out[dtype].write_bytes(text)
+    finally:
+        if packed is not None:
+            packed.close()
+    if not out:
+        raise ConfigError(f"{key}: no panel-<dtype>.jsonl for {', '.join(p.workload.dtypes)} in {str(src)!r} or its "
+                          f"panels.tar.xz")
+    print(f"workload: panels of {', '.join(out)} from {src} (no search, nothing timed)", file=sys.stderr)
+    return out
 
 
 def panel_cases(cfg: RunConfig, p: Plan, dtype: str) -> list[Case]:
@@ -309,14 +347,19 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
     folder = run_folder(cfg.out_dir, campaign, resume=False)
     (folder / PLAN).write_text(json.dumps({"campaign": campaign, "config": cfg.to_json(), **p.to_json()}, indent=1))
     print(f"workload {campaign}: {len(p.split.train)} training and {len(p.split.heldout)} held-out shapes over "
-          f"{', '.join(p.workload.dtypes)}; {len(p.buckets)} buckets to search", file=sys.stderr)
+          f"{', '.join(p.workload.dtypes)}; " + (f"learned again from {cfg.workload.panels_from}'s panels"
+                                                  if cfg.workload.panels_from else f"{len(p.buckets)} buckets to search"),
+          file=sys.stderr)
     mlflow_run = track(cfg, campaign, folder, p)
     status = "FAILED"
     try:
-        with parked_workers():   # one GPU worker process serves every bucket's run and the panels
-            found = (searched_winners(cfg, p) if cfg.workload.searched_from
-                     else search_buckets(cfg, campaign, folder, p))
-            panels = panel(cfg, folder, p, found)
+        if cfg.workload.panels_from:   # no search and no timing: the rule learned again from recorded panels
+            panels = earlier_panels(cfg, folder, p)
+        else:
+            with parked_workers():   # one GPU worker process serves every bucket's run and the panels
+                found = (searched_winners(cfg, p) if cfg.workload.searched_from
+                         else search_buckets(cfg, campaign, folder, p))
+                panels = panel(cfg, folder, p, found)
         table = learn_table(cfg.problem, panels, cfg.workload.rule_depth, campaign, cfg.workload.rule)
         dispatch.build(problem, table, folder / "kernels" / dispatch.CUBIN_FOLDER)
         (folder / "kernels" / TABLE).write_text(dispatch.dumps(table))
