@@ -1,13 +1,12 @@
-"""Workloads, not benchmark rows: the seeded training / held-out draws, the buckets, the learned dispatch rule, the
-op's table reading it, and a whole campaign on the CPU with a stand-in for the GPU (a deterministic cost model of
-genes and shape) that records every case it was asked to time, so that "no search sees a held-out shape" is checked
-on what was actually evaluated, not on the plan."""
+"""Workloads, not benchmark rows: the seeded training / held-out draws, the buckets, and a whole campaign on the CPU
+with a stand-in for the GPU (a deterministic cost model of genes and shape) that records every case it was asked to
+time, so that "no search sees a held-out shape" is checked on what was actually evaluated, not on the plan. The
+learned rules are in test_dispatch_rules.py, the held-out report in test_heldout_report.py."""
 from __future__ import annotations
 
 import json
 import math
 import random
-import re
 import tarfile
 from pathlib import Path
 
@@ -19,8 +18,7 @@ from kernel_factory.evo.protocols import EvaluatorInfo
 from kernel_factory.evo.tools import learn, workload as campaign
 from kernel_factory.evo.types import Case, EvalResult, Genome, Status, geomean_speedup
 from kernel_factory.evo.workload import (ELEM_BYTES, Workload, bucket, by_bucket, distance, draw, narrow, split)
-from kernel_factory.kernels import dispatch_rule
-from kernel_factory.kernels.table import Table, TableError
+from kernel_factory.kernels.table import Table
 from kernel_factory.problems.rmsnorm_fwd import problem as fwd
 
 
@@ -118,104 +116,6 @@ def test_a_run_can_name_its_cases_one_by_one():
         build.cases_of(fwd, "float16:1x4096", ("bfloat16",))
 
 
-# ---- the learned rule --------------------------------------------------------------------------------------------------
-
-def _times(cases, best_of):
-    """times where best_of(case) is 1.0x and every other genome 1.5x."""
-    return {c.key: {g: (1.0 if g == best_of(c) else 1.5) for g in ("small", "wide", "odd")} for c in cases}
-
-
-def test_fit_recovers_a_split_the_data_holds():
-    rng = random.Random(0)
-    cases = [Case((rng.randint(1, 65536), rng.randint(64, 65536)), "bfloat16") for _ in range(60)]
-
-    def best_of(c):
-        return "odd" if c.shape[1] % 8 else ("small" if c.shape[0] < 132 else "wide")
-    fitted = learn.fit(_times(cases, best_of), depth=3)
-    assert fitted.slowdown == pytest.approx(1.0) and fitted.worst == pytest.approx(1.0)
-    unseen = [Case((rng.randint(1, 65536), rng.randint(64, 65536)), "bfloat16") for _ in range(200)]
-    assert all(learn.chosen(fitted.tree, c) == best_of(c) for c in unseen)
-    assert dispatch_rule.check(fitted.tree, "t") == []
-
-
-def test_fit_prefers_one_leaf_when_a_split_buys_nothing():
-    cases = [Case((m, 1024), "float32") for m in (1, 10, 100, 1000, 10000)]
-    fitted = learn.fit({c.key: {"a": 1.0, "b": 1.2} for c in cases}, depth=4)
-    assert fitted.tree["leaf"] == "a"
-    # a genome never measured on a case counts as twice the best there
-    fitted = learn.fit({cases[0].key: {"a": 1.0}, cases[1].key: {"b": 1.0}}, depth=0)
-    assert fitted.worst == pytest.approx(2.0)
-
-
-def test_nearest_shapes_vote_with_their_slowdowns_and_keep_tail_rows_apart():
-    rng = random.Random()
-
-    def shape(lo, hi, odd):   # log-uniform M and N, N a whole number of 16-byte vectors or odd
-        n = int(2 ** rng.uniform(lo, hi))
-        return Case((int(2 ** rng.uniform(0, 16)), n | 1 if odd else max(8, n // 8 * 8)), "bfloat16")
-
-    def best_of(c):
-        return "odd" if c.shape[1] % 8 else ("small" if c.shape[1] <= 4096 else "wide")
-    cases = [shape(6, 16, rng.random() < 0.3) for _ in range(200)]
-    fitted = learn.fit_near(_times(cases, best_of))
-    near = fitted.tree["near"]
-    assert dispatch_rule.check(fitted.tree, "t") == [] and sorted(near["genomes"]) == ["odd", "small", "wide"]
-    assert fitted.slowdown < 1.05 and dispatch_rule.leaves(fitted.tree) == near["genomes"]
-    # away from the boundary between small and wide rows an unseen shape gets its regime's genome; an odd width
-    # votes only with odd widths (vec_ok keeps them apart), wherever it lies
-    for c in [shape(6, 10.5, False) for _ in range(40)] + [shape(13.5, 16, False) for _ in range(40)] + \
-             [shape(6, 16, True) for _ in range(40)]:
-        assert learn.chosen(fitted.tree, c) == best_of(c), c
-    bad = {"near": {"k": 0, "genomes": [], "points": [{"at": [1, 2], "cost": {"a": "x"}}]}}
-    problems = " ".join(dispatch_rule.check(bad, "fp16.rule"))
-    assert "'k' must be" in problems and "'genomes' must" in problems and "fp16.rule.near.points[0]: 'at'" in problems
-    assert "points[0]: 'cost'" in problems
-
-
-def test_left_out_says_what_a_rule_does_on_cases_it_was_not_fitted_to():
-    cases = [Case((m, 1024), "float32") for m in (1, 4, 16, 64, 256, 1024)]
-    # every case has its own best genome: a rule fits its training set perfectly, but on a case left out it can only
-    # pick another case's genome (1.25x there)
-    times = {c.key: {f"g{j}": (1.0 if i == j else 1.25) for j in range(len(cases))} for i, c in enumerate(cases)}
-    assert learn.fit_near(times, k=1).slowdown == pytest.approx(1.0)
-    assert learn.left_out(times, learn.fit_near)[:2] == (pytest.approx(1.25), pytest.approx(1.25))
-    assert learn.left_out(times, lambda t: learn.fit(t, depth=4))[0] == pytest.approx(1.25)
-
-
-def test_the_left_out_report_reads_panel_files(tmp_path):
-    base = fwd.space.defaults()
-    genomes = [Genome.of({**base, "threads": t}) for t in (128, 256, 512)]
-    cases = [f"float16:{m}x{n}" for m in (1, 64, 4096) for n in (256, 8192)]
-    rng = random.Random()
-    path = tmp_path / "panel-float16.jsonl"
-    path.write_text("".join(json.dumps({"genome": g.to_json(), "result": {"status": "ok", "times_us": {
-        c: rng.uniform(5, 50) for c in cases}}}) + "\n" for g in genomes))
-    lines = campaign.left_out_report([str(path)]).splitlines()
-    assert [line.split(":")[0] for line in lines] == ["panel-float16.jsonl tree", "panel-float16.jsonl near"]
-    assert all(re.search(r"training \d\.\d{3}x, worst \d\.\d{3}x; left out \d\.\d{3}x, worst", line) for line in lines)
-
-
-def test_rule_structure_errors_name_the_node():
-    bad = {"feature": "colour", "le": 1, "then": {"leaf": "a"}}
-    problems = dispatch_rule.check(bad, "bfloat16.rule")
-    assert any("colour" in p for p in problems) and any("missing 'else'" in p for p in problems)
-
-
-def test_table_dispatches_by_rule_on_m_and_n(tmp_path):
-    rule = {"feature": "log2_m", "le": 7.0, "then": {"leaf": "g_small", "id": 0}, "else": {"leaf": "g_big", "id": 1}}
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"format": "kernel-factory-dispatch/1", "problem": "rmsnorm_fwd",
-                                "genomes": {}, "dtypes": {"bfloat16": {"rule": rule, "general": {"genome": "g_big"}}}}))
-    table = Table(path, runnable=False)
-    assert table.choose("bfloat16", 4096, 1) == ("g_small", "rule leaf 0")
-    assert table.choose("bfloat16", 4096, 4096) == ("g_big", "rule leaf 1")
-    rule["feature"] = "colour"
-    path.write_text(json.dumps({"format": "kernel-factory-dispatch/1", "problem": "rmsnorm_fwd", "genomes": {},
-                                "dtypes": {"bfloat16": {"rule": rule, "general": {"genome": "g_big"}}}}))
-    with pytest.raises(TableError, match="colour"):
-        Table(path, runnable=False)
-
-
 # ---- a campaign on the CPU ------------------------------------------------------------------------------------------------
 
 class CostModel:
@@ -305,80 +205,6 @@ def test_campaign_searches_buckets_learns_a_rule_and_never_sees_heldout(tmp_path
     (run,) = client.search_runs([exp.experiment_id], "tags.`kf.kind` = 'workload'")
     assert run.data.params["workload.heldout"] == "24" and run.info.status == "FINISHED"
     assert "workload.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
-
-
-# ---- the held-out report ------------------------------------------------------------------------------------------------
-
-def _row(dtype, shape, ours, **peers):
-    providers = {"factory": {"us": ours, "pct_copy": 50.0}}
-    for name, value in peers.items():
-        providers[name] = value if isinstance(value, dict) else {"us": value}
-    return {"case": f"{dtype}:{shape[0]}x{shape[1]}", "dtype": dtype, "shape": list(shape), "providers": providers}
-
-
-def test_heldout_lines_compare_with_the_best_correct_peer():
-    from kernel_factory.evo.tools import heldout
-    result = {"format": "kernel-factory-bench/1", "rows": [
-        _row("bfloat16", (1, 4096), 10.0, int21=8.0, liger=12.0),                      # 0.80 against int21
-        _row("bfloat16", (4096, 4100), 20.0, int21={"us": 10.0, "note": "incorrect: 3% off"}, liger=25.0),
-        _row("bfloat16", (7, 100), 5.0, int21={"error": "needs N % 8 == 0"}, torch_eager=6.0),
-        _row("float32", (64, 64), 4.0, int21=4.4)]}
-    lines, md = heldout.summarize(result, "rmsnorm_fwd")
-    ratios = [0.8, 25 / 20, 6 / 5]
-    geo = math.exp(sum(map(math.log, ratios)) / 3)
-    # a result from before benches recorded their peers: what ran is read from the rows, and the declared peers
-    # that did not run on a dtype's rows are named in its line
-    assert lines == [f"held-out fwd bf16: geomean {geo:.2f}x best peer over 3 shapes (without QuACK, torch.compile), "
-                     "worst 0.80x at 1x4096",
-                     "held-out fwd fp32: geomean 1.10x best peer over 1 shapes (without QuACK, Liger, torch eager, "
-                     "torch.compile), worst 1.10x at 64x64"]
-    assert "int21 left out: incorrect: 3% off" in md and "int21 failed: needs N % 8 == 0" in md
-
-
-def test_heldout_times_the_shipped_op_beside_the_table_and_says_how_they_compare(tmp_path, monkeypatch):
-    from kernel_factory.evo.tools import bench, heldout
-    asked = []
-
-    def fake_run(problem, subject, shapes, dtypes, baselines, *args, **kwargs):
-        asked.append((subject, baselines))
-        return {"format": "kernel-factory-bench/1", "rows": [], "baselines": baselines}
-    monkeypatch.setattr(bench, "run", fake_run)
-    cases = [Case.parse("bfloat16:7x300"), Case.parse("float32:9x500")]
-    heldout.bench_heldout("rmsnorm_fwd", tmp_path / "dispatch.json", cases, tmp_path / "b.json")
-    assert len(asked) == 2 and all(b[-1] == "factory_op" and "quack" in b and "quack_tuned" not in b
-                                   for _, b in asked)
-    m = random.uniform(1.5, 3.0)
-    result = {"format": "kernel-factory-bench/1", "rows": [
-        _row("bfloat16", (1, 4096), 10.0, int21=8.0, factory_op=10.0 * m),
-        _row("bfloat16", (3, 5000), 20.0, int21=30.0, factory_op=10.0),
-        _row("float16", (3, 5000), 20.0, int21=30.0)]}
-    lines, md = heldout.summarize(result, "rmsnorm_fwd")
-    # the op is never the best peer; its comparison is a line of its own, only where it was timed
-    assert lines[0].startswith(f"held-out fwd bf16: geomean {math.sqrt(0.8 * 1.5):.2f}x best peer over 2 shapes")
-    assert f"- `against the shipped op fwd bf16: geomean {math.sqrt(m / 2):.2f}x over 2 shapes, worst 0.50x at 3x5000`" in md
-    assert "against the shipped op fwd fp16" not in md
-
-
-def test_a_heldout_bench_cut_short_says_so_in_its_lines_and_its_report():
-    from kernel_factory.evo.tools import heldout
-    k = random.randint(2, 40)
-    part = {"format": "kernel-factory-bench/1", "partial": f"{k} of 48 cases",
-            "rows": [_row("float16", (3, 5000), 20.0, int21=30.0)]}
-    lines, md = heldout.summarize({"format": "kernel-factory-bench-suite/1", "partial": "0 of 1 parts in full",
-                                   "parts": [part]}, "rmsnorm_bwd")
-    assert f"cut short: {k} of 48 cases benched" in lines[0] and "**Partial**: 0 of 1 parts in full" in md
-
-
-def test_heldout_command_rerenders_a_recorded_bench(tmp_path, capsys):
-    from kernel_factory.evo.tools import cli
-    (tmp_path / "workload.json").write_text(json.dumps({"config": {"problem": "rmsnorm_fwd"}, "heldout": []}))
-    bench_json = tmp_path / "b.json"
-    bench_json.write_text(json.dumps({"format": "kernel-factory-bench/1",
-                                      "rows": [_row("float16", (3, 300), 2.0, int21=3.0)]}))
-    assert cli.main(["heldout", str(tmp_path), "--from", str(bench_json)]) == 0
-    assert "held-out fwd fp16: geomean 1.50x best peer over 1 shapes" in capsys.readouterr().out
-    assert cli.main(["heldout", str(tmp_path / "nowhere")]) == cli.EXIT_BAD_INPUT
-    assert "not a workload campaign folder" in capsys.readouterr().err
 
 
 def test_a_second_pass_relearns_from_the_searched_winners_a_table_and_more_shapes(tmp_path, model_gpu):

@@ -120,8 +120,7 @@ def against_op(part: Mapping[str, Any], dtype: str, problem: str) -> str | None:
     """One dtype's line for the learned table against the shipped op, over the rows where both were timed."""
     rows = [r for r in part["rows"] if r["dtype"] == dtype and "us" in r["providers"].get(peers.OWN_OP, {})
             and "us" in r["providers"].get(bench.SUBJECT, {})]
-    ratios = sorted((bench_report.ratio(r, peers.OWN_OP), "x".join(map(str, r["shape"]))) for r in rows
-                    if bench_report.ratio(r, peers.OWN_OP))
+    ratios = sorted((v, "x".join(map(str, r["shape"]))) for r in rows if (v := bench_report.ratio(r, peers.OWN_OP)))
     if not ratios:
         return None
     apart = len(rows) - len(ratios)

@@ -1,0 +1,81 @@
+"""The held-out report of a workload campaign, on the CPU: each line against the best correct peer that can stand
+against ours, the op as shipped timed beside the table, a bench cut short, and the re-render of a recorded bench."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+from kernel_factory.evo.types import Case
+
+
+def _row(dtype, shape, ours, **peers):
+    providers = {"factory": {"us": ours, "pct_copy": 50.0}}
+    for name, value in peers.items():
+        providers[name] = value if isinstance(value, dict) else {"us": value}
+    return {"case": f"{dtype}:{shape[0]}x{shape[1]}", "dtype": dtype, "shape": list(shape), "providers": providers}
+
+
+def test_heldout_lines_compare_with_the_best_correct_peer():
+    from kernel_factory.evo.tools import heldout
+    result = {"format": "kernel-factory-bench/1", "rows": [
+        _row("bfloat16", (1, 4096), 10.0, int21=8.0, liger=12.0),                      # 0.80 against int21
+        _row("bfloat16", (4096, 4100), 20.0, int21={"us": 10.0, "note": "incorrect: 3% off"}, liger=25.0),
+        _row("bfloat16", (7, 100), 5.0, int21={"error": "needs N % 8 == 0"}, torch_eager=6.0),
+        _row("float32", (64, 64), 4.0, int21=4.4)]}
+    lines, md = heldout.summarize(result, "rmsnorm_fwd")
+    ratios = [0.8, 25 / 20, 6 / 5]
+    geo = math.exp(sum(map(math.log, ratios)) / 3)
+    # a result from before benches recorded their peers: what ran is read from the rows, and the declared peers
+    # that did not run on a dtype's rows are named in its line
+    assert lines == [f"held-out fwd bf16: geomean {geo:.2f}x best peer over 3 shapes (without QuACK, torch.compile), "
+                     "worst 0.80x at 1x4096",
+                     "held-out fwd fp32: geomean 1.10x best peer over 1 shapes (without QuACK, Liger, torch eager, "
+                     "torch.compile), worst 1.10x at 64x64"]
+    assert "int21 left out: incorrect: 3% off" in md and "int21 failed: needs N % 8 == 0" in md
+
+
+def test_heldout_times_the_shipped_op_beside_the_table_and_says_how_they_compare(tmp_path, monkeypatch):
+    from kernel_factory.evo.tools import bench, heldout
+    asked = []
+
+    def fake_run(problem, subject, shapes, dtypes, baselines, *args, **kwargs):
+        asked.append((subject, baselines))
+        return {"format": "kernel-factory-bench/1", "rows": [], "baselines": baselines}
+    monkeypatch.setattr(bench, "run", fake_run)
+    cases = [Case.parse("bfloat16:7x300"), Case.parse("float32:9x500")]
+    heldout.bench_heldout("rmsnorm_fwd", tmp_path / "dispatch.json", cases, tmp_path / "b.json")
+    assert len(asked) == 2 and all(b[-1] == "factory_op" and "quack" in b and "quack_tuned" not in b
+                                   for _, b in asked)
+    m = random.uniform(1.5, 3.0)
+    result = {"format": "kernel-factory-bench/1", "rows": [
+        _row("bfloat16", (1, 4096), 10.0, int21=8.0, factory_op=10.0 * m),
+        _row("bfloat16", (3, 5000), 20.0, int21=30.0, factory_op=10.0),
+        _row("float16", (3, 5000), 20.0, int21=30.0)]}
+    lines, md = heldout.summarize(result, "rmsnorm_fwd")
+    # the op is never the best peer; its comparison is a line of its own, only where it was timed
+    assert lines[0].startswith(f"held-out fwd bf16: geomean {math.sqrt(0.8 * 1.5):.2f}x best peer over 2 shapes")
+    assert f"- `against the shipped op fwd bf16: geomean {math.sqrt(m / 2):.2f}x over 2 shapes, worst 0.50x at 3x5000`" in md
+    assert "against the shipped op fwd fp16" not in md
+
+
+def test_a_heldout_bench_cut_short_says_so_in_its_lines_and_its_report():
+    from kernel_factory.evo.tools import heldout
+    k = random.randint(2, 40)
+    part = {"format": "kernel-factory-bench/1", "partial": f"{k} of 48 cases",
+            "rows": [_row("float16", (3, 5000), 20.0, int21=30.0)]}
+    lines, md = heldout.summarize({"format": "kernel-factory-bench-suite/1", "partial": "0 of 1 parts in full",
+                                   "parts": [part]}, "rmsnorm_bwd")
+    assert f"cut short: {k} of 48 cases benched" in lines[0] and "**Partial**: 0 of 1 parts in full" in md
+
+
+def test_heldout_command_rerenders_a_recorded_bench(tmp_path, capsys):
+    from kernel_factory.evo.tools import cli
+    (tmp_path / "workload.json").write_text(json.dumps({"config": {"problem": "rmsnorm_fwd"}, "heldout": []}))
+    bench_json = tmp_path / "b.json"
+    bench_json.write_text(json.dumps({"format": "kernel-factory-bench/1",
+                                      "rows": [_row("float16", (3, 300), 2.0, int21=3.0)]}))
+    assert cli.main(["heldout", str(tmp_path), "--from", str(bench_json)]) == 0
+    assert "held-out fwd fp16: geomean 1.50x best peer over 1 shapes" in capsys.readouterr().out
+    assert cli.main(["heldout", str(tmp_path / "nowhere")]) == cli.EXIT_BAD_INPUT
+    assert "not a workload campaign folder" in capsys.readouterr().err
