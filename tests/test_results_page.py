@@ -175,6 +175,8 @@ def test_the_issues_doctored_readme_lines_fail():
                      ("0.88x best peer over 48 shapes, worst 0.62x", "0.88x best peer over 47 shapes, worst 0.62x"),
                      ("vs best peer 0.935; vs quack", "vs best peer 0.954; vs quack"),
                      ("fwd bf16: geomean 1.06x over 48", "fwd bf16: geomean 1.07x over 48"),
+                     ("**0.970** (1.05)", "**1.141** (1.05)"),
+                     ("6 of 11 below 0.98", "7 of 11 below 0.98"),
                      ("worst 0.26x at 37838x3584", "worst 0.42x at 37838x3584"),
                      ("0.94x best peer over 30 shapes", "0.94x best peer over 42 shapes")]:
         assert readme.count(old) == 1, old
