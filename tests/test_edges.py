@@ -72,8 +72,10 @@ def test_a_full_disk_or_read_only_folder_mid_run_is_one_line_and_keeps_what_was_
 
 
 def test_a_read_only_mlflow_store_fails_once_clearly_or_runs_on_the_journal_when_optional(tmp_path, run_yaml,
-                                                                                       capsys):
+                                                                                       capsys, monkeypatch):
     ro = f"sqlite:///file:{tmp_path / 'runs' / 'mlflow.db'}?mode=ro&uri=true"
+    # MLflow makes the folder of a SQLite URI's path before it opens it, here `file:/tmp/...` under the CWD
+    monkeypatch.chdir(tmp_path)
     assert cli.main(["run", str(run_yaml(tracking__uri=ro)), "--run-id", "ro"]) == cli.EXIT_BAD_INPUT
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]

@@ -30,6 +30,7 @@ RES=/tmp/results-$stage
 FWD=h200-fwd-workload-4
 BWD=h200-bwd-workload-2
 FWD_SEARCHED=h200-fwd-workload-3
+FWD_AUTO=h200-fwd-workload-4-auto
 BWD_SEARCHED=h200-bwd-workload-1
 mkdir -p "$RES"
 pack() { tar czf "$OUT/campaigns-$stage.tgz" -C "$RES" . ; ls -la "$OUT"; }
@@ -79,25 +80,31 @@ panels)
   campaign configs/rmsnorm_fwd_workload.yaml "$FWD" 270 -o "workload.searched_from=.campaigns/$FWD_SEARCHED"
   campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 560 - SECONDS )) -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
   ;;
-bwd)   # the next session's first call (carry .gpu-a .int21 .campaigns): the backward with the benchmark rows again
+bwd)   # carry .gpu-a .int21 .campaigns: the GPU tests that failed unnamed in call suite, then the backward learned
+       # again with the benchmark rows (its pools now made on demand)
   export KF_PEERS=liger
   setup .gpu-a
   int21_build
   mkdir -p /tmp/runs && cp -r .campaigns/* /tmp/runs/
-  campaign configs/rmsnorm_bwd_workload.yaml "$BWD" 330 -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
-  gpu_tests $(( 570 - SECONDS )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_rmsnorm_bwd_gpu.py
+  gpu_tests 150 tests/gpu/test_gpu_evaluator.py::test_the_baseline_is_timed_like_a_candidate_and_again_during_the_run \
+    tests/gpu/test_rmsnorm_bwd_gpu.py::test_every_genome_passes_the_gate_on_odd_and_held_out_shapes \
+    tests/gpu/test_rmsnorm_bwd_gpu.py::test_live_evaluator_checks_and_times_a_spread
+  campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 575 - SECONDS )) -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
   ;;
-suite)
+suite)   # carry .gpu-b: the GPU tests but the bench's and the two files call bwd ran
   export KF_PEERS=liger
   setup .gpu-b
-  gpu_tests 240 tests/gpu --ignore tests/gpu/test_bench_gpu.py
+  gpu_tests 300 tests/gpu --ignore tests/gpu/test_bench_gpu.py --ignore tests/gpu/test_gpu_evaluator.py \
+    --ignore tests/gpu/test_rmsnorm_bwd_gpu.py
   ;;
-heldout)
+heldout)   # carry .gpu-c .int21 .campaigns: the forward's rule learned again with rule: auto (FWD_AUTO) against
+           # every peer and the op as shipped, then the backward's new rule in what is left
   setup .gpu-c
   int21_wait 120 || exit 2
-  bwd="$BWD"; [ -f "/tmp/runs/$BWD/kernels/dispatch.json" ] || bwd="$BWD_SEARCHED"   # call panels cut: the first rule
-  heldout "$bwd" 330
-  heldout "$FWD" $(( 570 - SECONDS ))
+  mkdir -p /tmp/runs && cp -rn .campaigns/* /tmp/runs/
+  heldout "$FWD_AUTO" 270
+  bwd="$BWD"; [ -f "/tmp/runs/$BWD/kernels/dispatch.json" ] || bwd="$BWD_SEARCHED"   # call bwd cut: the first rule
+  heldout "$bwd" $(( 580 - SECONDS ))
   ;;
 more)
   setup
