@@ -159,6 +159,10 @@ class WorkloadConfig:
     search_s: float | None = None             # wall clock for all bucket searches, shared out bucket by bucket
     neighbours: int = 3                       # buckets searched before whose winners seed the next bucket
     panel: int = 24                           # most genomes per dtype timed on every training case
+    # Genes are dtype-free: with this, each dtype's panel also times what the other dtypes found (their buckets'
+    # best, up to `panel` more, and the genomes panel_from's table runs in them). 2026-12-03: the fp16 panel's best
+    # genome at 32768x65536 was not in the bf16 panel, whose best was 13% slower on the same bytes.
+    panel_all_dtypes: bool = False
     rule_depth: int = 4                       # depth of the learned dispatch tree
     rule: str = "tree"                        # the learned dispatch: tree, near (nearest shapes) or auto (per dtype,
                                               # the better of the two on training cases left out of the learning)

@@ -233,6 +233,30 @@ def test_a_second_pass_relearns_from_the_searched_winners_a_table_and_more_shape
         campaign.run_campaign(config.parse(base), "third")
 
 
+def test_with_panel_all_dtypes_each_panel_times_what_the_other_dtypes_found(tmp_path, model_gpu):
+    """Genes are dtype-free: the table's genomes of every dtype, and with buckets per dtype the other dtypes' bucket
+    winners, join each dtype's panel; without the key, a panel holds its own dtype's only."""
+    shipped = Path(__file__).resolve().parents[1] / "kernels" / "ops" / "rmsnorm_fwd.json"
+    base = {"problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"), "observers": ["journal"],
+            "workload": {"dtypes": ["float16", "float32"], "train": 6, "heldout": 6, "seed": 9, "per_bucket": 4,
+                         "panel": 4, "n": [64, 8192], "validate": False, "panel_from": str(shipped)},
+            "search": {"population": 4}}
+    table = {dt: set(campaign.table_seeds(str(shipped), fwd, fwd.space, dtype=dt)) for dt in ("float16", "float32")}
+    assert table["float16"] - table["float32"] and table["float32"] - table["float16"]
+    alone = campaign.run_campaign(config.parse(base), "alone")
+    base["workload"]["panel_all_dtypes"] = True
+    shared = campaign.run_campaign(config.parse(base), "shared")
+    best = {}   # each dtype's buckets' best genomes
+    for b in campaign.plan(config.parse(base)).buckets:
+        path = tmp_path / "runs" / f"shared.{campaign.slug(b)}" / journal.NAME
+        best.setdefault(b.split("/")[0], set()).update(campaign.winners(path, 1))
+    for dtype, other in (("float16", "float32"), ("float32", "float16")):
+        mine = set(campaign.read_panel(alone / f"panel-{dtype}.jsonl")[0].values())
+        both = set(campaign.read_panel(shared / f"panel-{dtype}.jsonl")[0].values())
+        assert table[dtype] <= mine and not (table[other] - table[dtype]) & mine
+        assert table[dtype] | table[other] | best[other] <= both and mine <= both
+
+
 def test_a_rule_learned_again_from_an_earlier_campaigns_panels_times_nothing(tmp_path, model_gpu):
     base = {"problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"), "observers": ["journal"],
             "workload": {"dtypes": ["float16", "float32"], "train": 6, "heldout": 6, "seed": 9, "per_bucket": 4,

@@ -245,7 +245,12 @@ def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome
                 if b.split("/")[0] in (dtype, "any") and rank < len(gs) and gs[rank] not in genomes:
                     genomes.append(gs[rank])
         genomes = genomes[:cfg.workload.panel]
-        genomes += [g for g in table_genomes(cfg, dtype) if g not in genomes]
+        everywhere = cfg.workload.panel_all_dtypes
+        if everywhere:   # the other dtypes' bucket winners, best first
+            others = [gs[0] for b, gs in found.items() if b.split("/")[0] not in (dtype, "any") and gs]
+            genomes += [g for g in dict.fromkeys(others) if g not in genomes][:cfg.workload.panel]
+        for d in (dtype, *[d for d in p.workload.dtypes if d != dtype and everywhere]):
+            genomes += [g for g in table_genomes(cfg, d) if g not in genomes]
         genomes += twins(registry.load("problem", cfg.problem).space, genomes, cfg.workload.panel_twins)
         if not cases or not genomes:
             continue
