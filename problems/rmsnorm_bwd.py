@@ -19,8 +19,9 @@ from .rmsnorm_fwd import PEERS
 from .rmsnorm_bwd_plan import (  # noqa: F401  (re-exported: tests and tools read them here)
     DIRECT_ROWS, DTYPE_BYTES, DW_THREADS, EPS, MAX_SMEM_PER_CTA, MAX_STATIC_SMEM, MIN_RING_THREADS_PER_SM,
     MAX_CTAS_PER_SM, MAX_ROWS_PER_CTA, MIN_THREADS_PER_SM, PLAN_DW_GLOBAL, PLAN_DW_SMEM, PLAN_DW_WARP,
-    PLAN_VECTOR, RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS, SLOT_ROWS, SMEM_PER_SM, SMEM_SLACK, SMS,
-    SUBWARP_TPR, THREADS_PER_SM, Plan, plan, recipe, register_limit, registers, ring_bytes, scratch_rows, static_smem)
+    PLAN_VECTOR, RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS, SCRATCH_SPARE, SLOT_ROWS, SMEM_PER_SM, SMEM_SLACK,
+    SMS, SUBWARP_TPR, THREADS_PER_SM, Plan, plan, recipe, register_limit, registers, ring_bytes, scratch_rows,
+    static_smem)
 
 
 def _rule(g: Mapping[str, GeneValue]) -> str | None:

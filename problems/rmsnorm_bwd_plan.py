@@ -23,10 +23,15 @@ SMEM_PER_SM = 228 * 1024           # sm_90: shared memory of an SM, 1 KB of it r
 MAX_STATIC_SMEM = 48 * 1024
 SMEM_SLACK = 1024                  # static shared memory beyond static_smem()'s count (alignment, compiler extras)
 # Scratch: rows of fp32 dw partials. A plan uses at most SMS * max(ctas_per_sm) slots (times rows_per_cta when the
-# partials live in global memory, one row per row group), never more rows than M + MAX_ROWS_PER_CTA, and no more than
-# SCRATCH_BYTES of them at very wide N (the plan then launches fewer slots).
+# partials live in global memory, one row per row group), never more rows than M plus its rows per CTA (at least
+# SCRATCH_SPARE), and no more than SCRATCH_BYTES of them at very wide N (the plan then launches fewer slots). A case's
+# outputs hold enough for any genome: MAX_ROWS_PER_CTA rows of a warp or more (1024 threads / 32) beyond M. Sub-warp
+# rows (below) keep within M instead. The bound was once SCRATCH_SPARE for every genome, from before CTAs of 512 and
+# 1024 threads: plans of 16 or 32 one-warp rows at M <= 5 wrote past it (the GPU gate's canaries, 2026-12-03);
+# recipes of up to SCRATCH_SPARE rows keep it, as every exported kernel was built with it.
 MAX_CTAS_PER_SM = 4
-MAX_ROWS_PER_CTA = 8               # of a warp or more per row; sub-warp rows (below) keep within M instead
+MAX_ROWS_PER_CTA = 32
+SCRATCH_SPARE = 8
 SCRATCH_BYTES = 256 * 2**20
 DW_THREADS = 256                   # the template's rmsnorm_bwd_dw block
 PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL, PLAN_DW_WARP = 1, 2, 4, 8   # the template's PLAN_* flags
@@ -80,14 +85,17 @@ def ring_bytes(g: Mapping[str, GeneValue]) -> int:
     return int(g["stages"]) * int(g["reg_vecs"]) * 2 * int(g["threads"]) * int(g["vec_bytes"])
 
 
-# Rows of the dw-partial scratch output: the most any genome's plan writes for an (M, N) case.
-SCRATCH_ROWS = ["max", MAX_ROWS_PER_CTA, ["min", ["add", "M", MAX_ROWS_PER_CTA], SMS * MAX_CTAS_PER_SM,
-                                          ["div", SCRATCH_BYTES, ["mul", 4, "N"]]]]
+def scratch_expr(rows: int) -> list:
+    """Rows of dw-partial scratch for plans of at most `rows` rows per CTA, as a recipe expression of M and N."""
+    return ["max", rows, ["min", ["add", "M", rows], SMS * MAX_CTAS_PER_SM, ["div", SCRATCH_BYTES, ["mul", 4, "N"]]]]
 
 
-def scratch_rows(m: int, n: int) -> int:
-    """Rows of the dw-partial scratch output for an (m, n) case."""
-    return recipe_value(SCRATCH_ROWS, {"M": m, "N": n})
+SCRATCH_ROWS = scratch_expr(MAX_ROWS_PER_CTA)   # the dw-partial scratch of a case's outputs: any plan fits
+
+
+def scratch_rows(m: int, n: int, rows: int = MAX_ROWS_PER_CTA) -> int:
+    """Rows of the dw-partial scratch for an (m, n) case (for plans of at most `rows` rows per CTA)."""
+    return recipe_value(scratch_expr(rows), {"M": m, "N": n})
 
 
 def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
@@ -129,7 +137,7 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
                      ["le", ["mul", int(g["ctas_per_sm"]), ["add", "own", 1024]], SMEM_PER_SM]]],
         ["flags", ["if", "in_regs", 0, ["if", "in_smem", _smem_flags(by_warp), PLAN_DW_GLOBAL]]],
         ["shared", ["if", ["and", ["not", "in_regs"], "in_smem"], ["add", ring, "partials"], ring]],
-        ["scratch", SCRATCH_ROWS],
+        ["scratch", scratch_expr(max(SCRATCH_SPARE, rows) if tpr >= 32 else SCRATCH_SPARE)],
         ["cap", ["div", "scratch", ["if", ["eq", "flags", PLAN_DW_GLOBAL], rows, 1]]],
         ["slots", ["max", 1, ["min", ["cdiv", "M", rows * (SLOT_ROWS if g["small_m"] == "grouped" else 1)],
                               resident, "cap"]]],

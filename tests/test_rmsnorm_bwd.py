@@ -38,7 +38,13 @@ SPREAD = [dict(), dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, v
           dict(threads=128, rows_per_cta=64, ctas_per_sm=4, reg_vecs=1, vec_bytes=8),
           dict(threads=256, rows_per_cta=32, ctas_per_sm=2, stages=2, prefetch=False),
           dict(threads=128, rows_per_cta=16, ctas_per_sm=4, reg_vecs=1, prefetch=False, dw_acc="smem",
-               stream_batch=2, small_m="direct")]
+               stream_batch=2, small_m="direct"),
+          # 16 and 32 rows of one warp or two: more rows per CTA than the scratch once counted on (their global
+          # partials wrote past it at M <= 5; tests/gpu/test_rmsnorm_bwd_gpu.py's random6 and random16)
+          dict(threads=512, rows_per_cta=16, ctas_per_sm=1, reg_vecs=2, dw_acc="smem", prefetch=False, stages=3,
+               load="nc_na", store="cs", small_m="grouped"),
+          dict(threads=1024, rows_per_cta=32, ctas_per_sm=1, reg_vecs=1, prefetch=False, vec_bytes=8),
+          dict(threads=1024, rows_per_cta=16, ctas_per_sm=1, reg_vecs=1, prefetch=False, vec_bytes=8, small_m="grouped")]
 
 
 def genes(**kw):

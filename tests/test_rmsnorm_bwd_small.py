@@ -69,7 +69,7 @@ def test_default_plans_keep_their_recipe_and_scratch():
     tensors = dict.fromkeys(("x", "dy", "dx", "w", "dw", "dw_partial"), 256)
     p = recipes.evaluate(mod.recipe(DEFAULT, "bfloat16"), 1, 4096, 0.0, tensors)
     assert [s.kernel for s in p.steps] == ["rmsnorm_bwd", "rmsnorm_bwd_dw"]
-    assert p.buffers["dw_partial"] == ("float32", (mod.scratch_rows(1, 4096), 4096))
+    assert p.buffers["dw_partial"] == ("float32", (mod.scratch_rows(1, 4096, mod.SCRATCH_SPARE), 4096))
 
 
 def test_grouped_plans_read_fewer_partial_rows():
