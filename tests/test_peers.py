@@ -219,6 +219,14 @@ def test_heldout_lines_say_without_and_crashed(fake_peers, monkeypatch, tmp_path
                      str(tmp_path / "again")]) == 0
     assert capsys.readouterr().out.strip().splitlines() == want   # re-rendered from the JSON: the same report
     assert (tmp_path / "again/heldout.md").read_text() == md
+    # as committed, xz-compressed: the same bench and the same report
+    from kernel_factory.evo.tools import heldout
+    packed = tmp_path / "heldout-bench.json.xz"
+    heldout.write_bench(result, packed)
+    assert packed.read_bytes()[:6] == b"\xfd7zXZ\x00" and heldout.read_bench(packed) == result
+    assert cli.main(["heldout", str(folder), "--from", str(packed), "--out", str(tmp_path / "packed")]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == want
+    assert (tmp_path / "packed/heldout.md").read_text() == md
 
 
 def test_old_results_are_read_from_their_rows():

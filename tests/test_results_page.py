@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_factory.evo.tools import claims, cli, efficiency_report, rerender, report
+from kernel_factory.evo.tools import claims, cli, efficiency_report, heldout, rerender, report
 from kernel_factory.evo.tools.bench import SUBJECT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,14 +266,14 @@ def test_a_raw_number_changed_no_longer_renders_the_committed_report(path, copy_
     monkeypatch.chdir(copy_of_results)
     r = next(x for x in rerender.reports() if x.path == path)
     raw = Path(r.raw[0])
-    before = raw.read_text()
+    before = raw.read_bytes()
     try:
-        data = json.loads(before)
+        data = heldout.read_bench(raw)   # any raw JSON, xz-compressed where its name ends in .xz
         MUTATE[_kind(r)](data, random.Random(path))
-        raw.write_text(json.dumps(data, indent=1))
+        heldout.write_bench(data, raw)
         assert r.render() != r.committed(rerender.committed(ROOT / path))
     finally:
-        raw.write_text(before)
+        raw.write_bytes(before)
 
 
 def test_a_bench_row_changed_changes_the_gap_report_and_the_results_page(copy_of_results, monkeypatch):

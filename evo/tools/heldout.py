@@ -16,6 +16,7 @@ before benches named their peers included: what ran is read from its rows).
 from __future__ import annotations
 
 import json
+import lzma
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -27,7 +28,20 @@ from ..types import Case
 from . import bench, bench_report, bench_suite, peers
 
 SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-BENCH = "heldout-bench.json"
+BENCH = "heldout-bench.json"   # committed as heldout-bench.json.xz (docs/results: a tenth of the bytes)
+
+
+def read_bench(path: str | Path) -> dict[str, Any]:
+    """A recorded held-out bench, as written or xz-compressed (a name ending in .xz)."""
+    raw = Path(path).read_bytes()
+    return json.loads(lzma.decompress(raw) if str(path).endswith(".xz") else raw)
+
+
+def write_bench(result: Mapping[str, Any], path: str | Path) -> None:
+    """read_bench's other half: the JSON as one line, xz-compressed where the name ends in .xz."""
+    text = json.dumps(result, separators=(",", ":")) + "\n" if str(path).endswith(".xz") else json.dumps(
+        result, indent=1) + "\n"
+    Path(path).write_bytes(lzma.compress(text.encode()) if str(path).endswith(".xz") else text.encode())
 REPORT = "heldout.md"
 
 
@@ -181,7 +195,7 @@ def validate(cfg: RunConfig, folder: Path, p: Any, without: Sequence[str] = ()) 
 
 def write(result: Mapping[str, Any], problem: str, folder: Path) -> list[str]:
     lines, md = summarize(result, problem)
-    (folder / BENCH).write_text(json.dumps(result, indent=1) + "\n")
+    write_bench(result, folder / BENCH)
     (folder / REPORT).write_text(md)
     print("\n".join(lines))
     return lines
@@ -201,8 +215,8 @@ def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = ()
     peers.parse_without(registry.load("problem", problem), without)
     if from_json:
         try:
-            result = json.loads(Path(from_json).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            result = read_bench(from_json)
+        except (OSError, ValueError, lzma.LZMAError) as exc:
             raise ConfigError(f"heldout --from {from_json!r}: {exc}") from None
         lines, md = summarize(result, problem)
         print(md if not lines else "\n".join(lines))

@@ -41,7 +41,7 @@ def _bench(source: Path) -> list[Rendered]:
 def _heldout(source: Path) -> Rendered:
     def text() -> str:
         problem = json.loads((source.parent / "workload.json").read_text())["config"]["problem"]
-        return heldout.summarize(json.loads(source.read_text()), problem)[1]
+        return heldout.summarize(heldout.read_bench(source), problem)[1]
     return Rendered(str(source.parent / heldout.REPORT), (str(source),), text,
                     f"kernel-factory heldout {source.parent} --from {source} (the report: heldout.summarize)")
 
@@ -91,7 +91,8 @@ def _gap() -> list[Rendered]:
 def reports() -> list[Rendered]:
     """Every rendered report under docs/results/, and the results page made from them."""
     out = [r for source in sorted(RESULTS.glob("**/bench/*.json")) for r in _bench(source)]
-    out += [_heldout(s) for s in sorted(RESULTS.glob("workload/*/" + heldout.BENCH))]
+    out += [_heldout(s) for s in sorted([*RESULTS.glob("workload/*/" + heldout.BENCH),
+                                         *RESULTS.glob("workload/*/" + heldout.BENCH + ".xz")])]
     out += [_percall(s) for s in sorted(RESULTS.glob("op/*/percall.json"))]
     out += [_scaling(s) for s in sorted(RESULTS.glob("scaling/scaling.json"))]
     out += [_efficiency(s) for s in sorted(RESULTS.glob("efficiency/*.json"))]
