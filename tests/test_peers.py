@@ -229,6 +229,43 @@ def test_heldout_lines_say_without_and_crashed(fake_peers, monkeypatch, tmp_path
     assert (tmp_path / "packed/heldout.md").read_text() == md
 
 
+def test_a_heldout_bench_cut_short_goes_on_with_only_the_cases_it_lacks(fake_peers, monkeypatch, tmp_path, capsys):
+    """--go-on: a dtype the earlier bench finished is not timed again, a dtype it cut is timed on its missing cases
+    only, and a dtype it never reached in full; every earlier row stays as measured, and the report is whole."""
+    from kernel_factory.evo.tools import heldout
+    keys = ["bfloat16:1x4096", "bfloat16:7x1000", "float16:9x2048", "float16:33x512", "float16:5x300",
+            "float32:5x3000", "float32:2x128"]
+    jobs = timing_stand_in(monkeypatch)
+    folder = campaign(tmp_path, keys)
+    assert cli.main(["heldout", str(folder), "--without", "quack"]) == 0
+    whole = json.loads((folder / "heldout-bench.json").read_text())
+    cut = json.loads(json.dumps(whole))   # as if stopped during fp16's third row: fp16 2 of 3, no fp32
+    fp16 = next(p for p in cut["parts"] if peers.dtypes_of(p) == ["float16"])
+    fp16["rows"], fp16["partial"] = fp16["rows"][:2], "2 of 3 cases"
+    cut["parts"] = [p for p in cut["parts"] if peers.dtypes_of(p) != ["float32"]]
+    heldout.write_bench(cut, folder / "heldout-bench.json.xz")   # as committed
+    (folder / "heldout-bench.json").unlink()
+    del jobs[:]
+    capsys.readouterr()
+    assert cli.main(["heldout", str(folder), "--without", "quack", "--go-on"]) == 0
+    assert [j["cases"] for j in jobs] == [["float16:5x300"], ["float32:5x3000", "float32:2x128"]]
+    result = json.loads((folder / "heldout-bench.json").read_text())
+    rows = {p_["rows"][0]["dtype"]: p_ for p_ in result["parts"]}
+    assert rows["bfloat16"] == next(p for p in cut["parts"] if peers.dtypes_of(p) == ["bfloat16"])
+    assert rows["float16"]["rows"][:2] == fp16["rows"] and len(rows["float16"]["rows"]) == 3
+    assert "partial" not in rows["float16"] and "partial" not in result and rows["float16"]["continued"]
+    assert len(rows["float32"]["rows"]) == 2
+    out = capsys.readouterr().out
+    assert "cut short" not in out and "over 3 shapes" in out and "over 2 shapes" in out
+    for bad in (["--go-on", "--from", str(folder / "heldout-bench.json")], ["--go-on"]):
+        if bad == ["--go-on"]:
+            (folder / "heldout-bench.json").unlink()
+            (folder / "heldout-bench.json.xz").unlink()
+        assert cli.main(["heldout", str(folder), *bad]) == cli.EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert "heldout --go-on" in err and "Traceback" not in err
+
+
 def test_old_results_are_read_from_their_rows():
     """Benches recorded before results named their peers: the committed fp16/fp32 bench never asked for QuACK's
     tuned entry point, which its benchmark rows should have had; its report says so."""

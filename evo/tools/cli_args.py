@@ -64,6 +64,8 @@ def parser() -> argparse.ArgumentParser:
     hel.add_argument("--from", dest="from_json", metavar="BENCH.json", help="re-render a recorded held-out bench")
     hel.add_argument("--without", metavar="PEER,...", help=WITHOUT_HELP)
     hel.add_argument("--out", metavar="DIR", help="with --from: also write the re-rendered heldout.md here")
+    hel.add_argument("--go-on", action="store_true",
+                     help="time only the cases the folder's held-out bench (cut short) lacks; its rows stay")
     ben = sub.add_parser("bench", help="time a kernel against every baseline side by side (table, CSV, JSON, PNG)")
     ben.add_argument("--problem", help="the problem (default: rmsnorm_fwd)")
     ben.add_argument("--suite", help="a bench suite YAML: several benches in one command and one report "

@@ -149,10 +149,11 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
 
 
 def bench_heldout(problem: str, table: Path, cases: Sequence[Case], out: Path, reps: int = 20,
-                  without: Sequence[str] = ()) -> dict[str, Any]:
+                  without: Sequence[str] = (), earlier: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Bench the table on the held-out cases, one bench per dtype, joined (needs a GPU). Every peer is checked to
     load before the first dtype is timed. After every row the result so far is written to `out`, so that a bench
-    cut short keeps what it measured."""
+    cut short keeps what it measured. With `earlier` (that bench, cut short: --go-on) only the cases it lacks are
+    timed; its rows stay, each measured side by side as before, and a dtype it finished is not timed again."""
     from ..evaluate.gpu import gpu_unavailable_reason
     dtypes = sorted({c.dtype for c in cases})
     on_gpu = gpu_unavailable_reason() is None   # elsewhere the first bench says it needs a GPU, and how to re-render
@@ -163,13 +164,36 @@ def bench_heldout(problem: str, table: Path, cases: Sequence[Case], out: Path, r
     timed += [peers.OWN_OP] if peers.OWN_OP in plugin.baselines else []
     parts: list[dict[str, Any]] = []
 
+    before = {d: part for part in (earlier or {}).get("parts", []) for d in peers.dtypes_of(part)}
+    done = {(r["dtype"], tuple(r["shape"])) for part in before.values() for r in part["rows"]}
+
     def keep(partial: dict[str, Any]) -> None:
-        out.write_text(json.dumps(bench_suite.join([*parts, partial], [f"held-out {d}" for d in dtypes]), indent=1))
+        write_bench(bench_suite.join([*parts, partial], [f"held-out {d}" for d in dtypes]), out)
+
+    def go_on(dtype: str, part: dict[str, Any]) -> dict[str, Any]:
+        return continued(before[dtype], part, sum(c.dtype == dtype for c in cases)) if dtype in before else part
+
     for dtype in dtypes:
-        shapes = ",".join("x".join(map(str, c.shape)) for c in cases if c.dtype == dtype)
-        parts.append(bench.run(problem, {"table": str(table)}, shapes, [dtype], timed, reps, 1, 30.0,
-                               on_row=keep, without=without))
+        todo = [c for c in cases if c.dtype == dtype and (c.dtype, c.shape) not in done]
+        if not todo:
+            parts.append(before[dtype])
+            continue
+        shapes = ",".join("x".join(map(str, c.shape)) for c in todo)
+        parts.append(go_on(dtype, bench.run(problem, {"table": str(table)}, shapes, [dtype], timed, reps, 1, 30.0,
+                                            on_row=lambda p, d=dtype: keep(go_on(d, p)), without=without)))
     return bench_suite.join(parts, [f"held-out {d}" for d in dtypes])
+
+
+def continued(first: Mapping[str, Any], then: Mapping[str, Any], total: int) -> dict[str, Any]:
+    """One dtype's bench cut short (`first`) and the bench of the cases it lacked (`then`) as one part: every row
+    as measured (each row's providers side by side in one process), `continued` naming the later bench's date."""
+    part = {**first, "rows": [*first["rows"], *then["rows"]], "wall_s": first.get("wall_s", 0) + then.get("wall_s", 0),
+            "continued": then.get("fingerprint", {}).get("date", "?")}
+    part.pop("partial", None)
+    if len(part["rows"]) < total:
+        part["partial"] = f"{len(part['rows'])} of {total} cases"
+    part["ran"] = {d: list(peers.account(part, d).ran) for d in peers.dtypes_of(part)}
+    return part
 
 
 def check_peers(problem: Problem, without: Sequence[str]) -> None:
@@ -201,11 +225,14 @@ def write(result: Mapping[str, Any], problem: str, folder: Path) -> list[str]:
     return lines
 
 
-def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = (), out: str | None = None) -> int:
-    """`kernel-factory heldout FOLDER [--from BENCH.json [--out DIR]] [--without PEER,...]`: exit 2 when a peer
-    asked for ran on no shape of a dtype (after the report is written)."""
+def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = (), out: str | None = None,
+                 go_on: bool = False) -> int:
+    """`kernel-factory heldout FOLDER [--from BENCH.json [--out DIR]] [--go-on] [--without PEER,...]`: exit 2 when
+    a peer asked for ran on no shape of a dtype (after the report is written)."""
     if out and not from_json:
         raise ConfigError("heldout --out goes with --from (a bench writes its report into the campaign folder)")
+    if go_on and from_json:
+        raise ConfigError("heldout --go-on benches what the folder's bench lacks; --from only re-renders: give one")
     path = Path(folder)
     plan_file = path / "workload.json"
     if not plan_file.is_file():
@@ -224,8 +251,14 @@ def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = ()
             Path(out).mkdir(parents=True, exist_ok=True)
             (Path(out) / REPORT).write_text(md)
         return 0
+    earlier = None
+    if go_on:
+        found = [p for p in (path / BENCH, path / (BENCH + ".xz")) if p.is_file()]
+        if not found:
+            raise ConfigError(f"heldout --go-on: {folder!r} holds no {BENCH} (or {BENCH}.xz) to go on from")
+        earlier = read_bench(found[0])
     result = bench_heldout(problem, path / "kernels" / "dispatch.json", [Case.parse(k) for k in plan["heldout"]],
-                           path / BENCH, without=without)
+                           path / BENCH, without=without, earlier=earlier)
     write(result, problem, path)
     missing = [m for part in result["parts"] for m in peers.not_run(part)]
     if missing:
