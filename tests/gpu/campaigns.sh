@@ -1,36 +1,28 @@
 #!/usr/bin/env bash
-# The forward's and the backward's workload campaigns (issues 28 and 29) with the 11 benchmark rows in the rules'
-# training, their held-out benches against every declared peer and the op as shipped, and the GPU suite: four device
-# calls back to back, each carrying one bundle of tests/gpu/bundles.sh (QuACK installs whole only with the third).
-# Results are packed into $OUT/campaigns-<stage>.tgz after every step.
-#   panels (carry .gpu-a .int21 .campaigns): INT21's build started in the background; each campaign learned again
-#       from the bucket searches of its last GPU run (.campaigns/: call fwd's and call bwd's folders of 2026-12-03,
-#       their journals gzipped), its panels now with the benchmark rows: the forward (h200-fwd-workload-4) and the
-#       backward (h200-bwd-workload-2)
-#   suite (carry .gpu-b): the GPU tests but the bench's (which need every peer)
-#   heldout (carry .gpu-c .int21): every peer loads (QuACK complete, INT21 built); the backward's held-out bench first
-#       (it has none yet), then the forward's in what is left
-#   more (no carry; the host still warm): the forward's held-out bench if call heldout did not reach it, then the
-#       bench's GPU tests
-#   bwd (carry .gpu-a .int21 .campaigns): for the next session, in place of panels: the backward learned again with
-#       the benchmark rows (its pools now made on demand), then the GPU tests that failed unnamed in call suite's
-#       first files; call heldout then benches the new backward rule (h200-bwd-workload-2) with every peer
-# On 2026-12-03 (the first run of this script's stages fwd, bwd and heldout) the forward's fp32 panel with the 11
-# benchmark rows ran out of GPU memory: every benchmark pool held its inputs and outputs twice (the canary guards kept
-# a copy of each whole buffer; now only the guard regions). In this script's run (2026-12-03, later) the forward's
-# panels fitted, the backward's fp32 panel did not (its pools are now made on demand, evo/evaluate/bench_pools.py);
-# the suite was cut at 240 s before pytest's summary; the backward's held-out bench was cut in fp16 at 330 s and the
-# forward's at 188 s. The forward's ran again in a fifth call (`kernel-factory heldout`, carrying .int21: a call that
-# does not carry it loses INT21), then the benchmark rows of its table (docs/results/README.md has the commands).
-# Every step has its own timeout; a bench cut short keeps its rows so far (evo/tools/heldout.py).
+# The forward's and the backward's workload campaigns (issues 28 and 29), their held-out benches against every
+# declared peer and the op as shipped, and the GPU suite: device calls back to back, each carrying one bundle of
+# tests/gpu/bundles.sh (QuACK installs whole only with the third, .gpu-c). Results are packed into
+# $OUT/campaigns-<stage>.tgz after every step; every step has its own timeout, and a bench cut short keeps its rows
+# (`kernel-factory heldout FOLDER --go-on` times only the cases it lacks).
+# The next session's calls:
+#   fwd (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward learned again from the 2026-12-03 bucket
+#       searches with workload.panel_all_dtypes (h200-fwd-workload-5), then the backward's GPU tests (the gate test
+#       that named a scratch overrun, fixed on a CPU since, and the live evaluator's, cut before)
+#   suite (carry .gpu-b): the evaluator's GPU tests
+#   heldout (carry .gpu-c .int21 .campaigns/h200-bwd-workload-2): the backward's held-out bench goes on where it was
+#       cut (fp16's last shapes, fp32), then the forward's new rule's
+#   more (no carry; the host still warm): the forward's bench goes on, then the bench's GPU tests (every peer)
+# Earlier stages: panels (both campaigns learned again from their searches with the benchmark rows), bwd (the
+# backward alone, h200-bwd-workload-2). On 2026-12-03 the backward's fp32 panel first ran out of GPU memory (fixed:
+# pools made on demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
+# commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh panels|bwd|suite|heldout|more}"
+stage="${1:?usage: campaigns.sh fwd|suite|heldout|more|panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
-FWD=h200-fwd-workload-4
+FWD=h200-fwd-workload-5
 BWD=h200-bwd-workload-2
 FWD_SEARCHED=h200-fwd-workload-3
-FWD_AUTO=h200-fwd-workload-4-auto
 BWD_SEARCHED=h200-bwd-workload-1
 mkdir -p "$RES"
 pack() { tar czf "$OUT/campaigns-$stage.tgz" -C "$RES" . ; ls -la "$OUT"; }
@@ -55,11 +47,11 @@ campaign() {   # CONFIG NAME SECONDS [overrides...]
     > "$RES/$name.log" 2>&1; echo "exit $?" >> "$RES/$name.log"; grep -v "^gen\|^  " "$RES/$name.log" | tail -n 12
   keep "$name"
 }
-heldout() {   # NAME SECONDS: a campaign's held-out bench, against every peer and the op as shipped
-  local name="$1" secs="$2"
+heldout() {   # NAME SECONDS [--go-on]: a campaign's held-out bench, against every peer and the op as shipped
+  local name="$1" secs="$2"; shift 2
   [ -f "/tmp/runs/$name/kernels/dispatch.json" ] || { echo "heldout $name: no learned table"; return 0; }
-  echo "heldout $name: $secs s from $SECONDS s"
-  timeout "$secs" kernel-factory heldout "/tmp/runs/$name" > "$RES/heldout-$name.log" 2>&1
+  echo "heldout $name $*: $secs s from $SECONDS s"
+  timeout "$secs" kernel-factory heldout "/tmp/runs/$name" "$@" > "$RES/heldout-$name.log" 2>&1
   echo "exit $?" >> "$RES/heldout-$name.log"; tail -n 8 "$RES/heldout-$name.log"
   mkdir -p "$RES/$name"; cp /tmp/runs/"$name"/heldout* "$RES/$name/" 2>/dev/null; pack > /dev/null
 }
@@ -71,45 +63,50 @@ gpu_tests() {   # SECONDS PYTEST ARGS...: tests/gpu/run.sh, its log and junit in
   echo "exit $?" >> "$RES/gpu-tests.log"; tail -n 15 "$RES/gpu-tests.log"; pack > /dev/null
 }
 case "$stage" in
-panels)
+fwd)
   export KF_PEERS=liger   # QuACK completes in call heldout; INT21 builds in the background meanwhile
   setup .gpu-a
   int21_build
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RES/gpu.txt"
   mkdir -p /tmp/runs && cp -r .campaigns/* /tmp/runs/
-  campaign configs/rmsnorm_fwd_workload.yaml "$FWD" 270 -o "workload.searched_from=.campaigns/$FWD_SEARCHED"
-  campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 560 - SECONDS )) -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
+  campaign configs/rmsnorm_fwd_workload.yaml "$FWD" 400 -o "workload.searched_from=.campaigns/$FWD_SEARCHED"
+  gpu_tests $(( 575 - SECONDS )) \
+    tests/gpu/test_rmsnorm_bwd_gpu.py::test_every_genome_passes_the_gate_on_odd_and_held_out_shapes \
+    tests/gpu/test_rmsnorm_bwd_gpu.py::test_live_evaluator_checks_and_times_a_spread
   ;;
-bwd)   # carry .gpu-a .int21 .campaigns: the GPU tests that failed unnamed in call suite, then the backward learned
-       # again with the benchmark rows (its pools now made on demand)
+suite)
+  export KF_PEERS=liger
+  setup .gpu-b
+  gpu_tests 300 tests/gpu/test_gpu_evaluator.py
+  ;;
+heldout)
+  setup .gpu-c
+  int21_wait 120 || exit 2
+  mkdir -p /tmp/runs && cp -r .campaigns/h200-bwd-workload-2 /tmp/runs/
+  heldout "$BWD" 270 --go-on
+  heldout "$FWD" $(( 580 - SECONDS ))
+  ;;
+more)
+  setup
+  heldout "$FWD" 330 --go-on
+  gpu_tests $(( 560 - SECONDS )) tests/gpu/test_bench_gpu.py
+  ;;
+panels)
   export KF_PEERS=liger
   setup .gpu-a
   int21_build
   mkdir -p /tmp/runs && cp -r .campaigns/* /tmp/runs/
-  gpu_tests 150 tests/gpu/test_gpu_evaluator.py::test_the_baseline_is_timed_like_a_candidate_and_again_during_the_run \
-    tests/gpu/test_rmsnorm_bwd_gpu.py::test_every_genome_passes_the_gate_on_odd_and_held_out_shapes \
-    tests/gpu/test_rmsnorm_bwd_gpu.py::test_live_evaluator_checks_and_times_a_spread
-  campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 575 - SECONDS )) -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
+  campaign configs/rmsnorm_fwd_workload.yaml "$FWD" 270 -o "workload.searched_from=.campaigns/$FWD_SEARCHED"
+  campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 560 - SECONDS )) \
+    -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
   ;;
-suite)   # carry .gpu-b: the GPU tests but the bench's and the two files call bwd ran
+bwd)
   export KF_PEERS=liger
-  setup .gpu-b
-  gpu_tests 300 tests/gpu --ignore tests/gpu/test_bench_gpu.py --ignore tests/gpu/test_gpu_evaluator.py \
-    --ignore tests/gpu/test_rmsnorm_bwd_gpu.py
+  setup .gpu-a
+  int21_build
+  mkdir -p /tmp/runs && cp -r .campaigns/* /tmp/runs/
+  campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 575 - SECONDS )) \
+    -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
   ;;
-heldout)   # carry .gpu-c .int21 .campaigns: the forward's rule learned again with rule: auto (FWD_AUTO) against
-           # every peer and the op as shipped, then the backward's new rule in what is left
-  setup .gpu-c
-  int21_wait 120 || exit 2
-  mkdir -p /tmp/runs && cp -rn .campaigns/* /tmp/runs/
-  heldout "$FWD_AUTO" 270
-  bwd="$BWD"; [ -f "/tmp/runs/$BWD/kernels/dispatch.json" ] || bwd="$BWD_SEARCHED"   # call bwd cut: the first rule
-  heldout "$bwd" $(( 580 - SECONDS ))
-  ;;
-more)
-  setup
-  grep -q "^exit 0" "$RES/../results-heldout/heldout-$FWD.log" 2>/dev/null || heldout "$FWD" 330
-  gpu_tests $(( 560 - SECONDS )) tests/gpu/test_bench_gpu.py
-  ;;
-*) echo "campaigns.sh: unknown stage $stage (panels, bwd, suite, heldout or more)" >&2; exit 2 ;;
+*) echo "campaigns.sh: unknown stage $stage (fwd, suite, heldout, more, panels or bwd)" >&2; exit 2 ;;
 esac
