@@ -12,12 +12,14 @@
 #   heldout (carry .gpu-c .int21 .campaigns/h200-bwd-workload-2): the backward's held-out bench goes on where it was
 #       cut (fp16's last shapes, fp32), then the forward's new rule's
 #   more (no carry; the host still warm): the forward's bench goes on, then the bench's GPU tests (every peer)
+#   record (carry .gpu-a; a session of its own): configs/rmsnorm_fwd_fp16_record.yaml, the held-out recording of
+#       1398 genomes for the search-efficiency audit (issues 27 and 32); it resumes in a second call when cut
 # Earlier stages: panels (both campaigns learned again from their searches with the benchmark rows), bwd (the
 # backward alone, h200-bwd-workload-2). On 2026-12-03 the backward's fp32 panel first ran out of GPU memory (fixed:
 # pools made on demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh fwd|suite|heldout|more|panels|bwd}"
+stage="${1:?usage: campaigns.sh fwd|suite|heldout|more|panels|bwd|record}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 FWD=h200-fwd-workload-5
@@ -108,5 +110,13 @@ bwd)
   campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 575 - SECONDS )) \
     -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
   ;;
-*) echo "campaigns.sh: unknown stage $stage (fwd, suite, heldout, more, panels or bwd)" >&2; exit 2 ;;
+record)   # carry .gpu-a, twice back to back if cut (it resumes): the held-out recording for the efficiency audit
+  export KF_PEERS=liger
+  setup .gpu-a
+  mkdir -p /tmp/runs/recordings
+  timeout 560 kernel-factory record configs/rmsnorm_fwd_fp16_record.yaml \
+    --out /tmp/runs/recordings/rmsnorm_fwd-float16-sub.jsonl.gz > "$RES/record.log" 2>&1
+  echo "exit $?" >> "$RES/record.log"; tail -n 5 "$RES/record.log"; cp /tmp/runs/recordings/* "$RES/"
+  ;;
+*) echo "campaigns.sh: unknown stage $stage (fwd, suite, heldout, more, panels, bwd or record)" >&2; exit 2 ;;
 esac
