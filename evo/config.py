@@ -163,6 +163,10 @@ class WorkloadConfig:
     # best, up to `panel` more, and the genomes panel_from's table runs in them). 2026-12-03: the fp16 panel's best
     # genome at 32768x65536 was not in the bf16 panel, whose best was 13% slower on the same bytes.
     panel_all_dtypes: bool = False
+    # An earlier campaign folder (its panel-<dtype>.jsonl or panels.tar.xz; the same held-out draw): the genomes that
+    # were fastest on some training shape of its panels join this campaign's panels (of every dtype with
+    # panel_all_dtypes), so that a genome a later table dropped is timed again
+    panel_winners_from: str | None = None
     rule_depth: int = 4                       # depth of the learned dispatch tree
     rule: str = "tree"                        # the learned dispatch: tree, near (nearest shapes) or auto (per dtype,
                                               # the better of the two on training cases left out of the learning)

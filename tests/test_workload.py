@@ -257,6 +257,33 @@ def test_with_panel_all_dtypes_each_panel_times_what_the_other_dtypes_found(tmp_
         assert table[dtype] | table[other] | best[other] <= both and mine <= both
 
 
+def test_an_earlier_campaigns_panel_winners_join_the_panels(tmp_path, model_gpu):
+    """workload.panel_winners_from: the genomes fastest on some training shape of an earlier campaign's panels (read
+    packed, as committed) are timed again in this campaign's panels; a campaign of another held-out draw is refused."""
+    base = {"problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"), "observers": ["journal"],
+            "workload": {"dtypes": ["float16", "float32"], "train": 6, "heldout": 6, "seed": 9, "per_bucket": 4,
+                         "panel": 2, "n": [64, 8192], "validate": False}, "search": {"population": 4}}
+    first = campaign.run_campaign(config.parse(base), "first")
+    with tarfile.open(first / "panels.tar.xz", "w:xz") as packed:
+        for dtype in ("float16", "float32"):
+            packed.add(first / f"panel-{dtype}.jsonl", f"panel-{dtype}.jsonl")
+            (first / f"panel-{dtype}.jsonl").unlink()
+            (first / f"panel-{dtype}.jsonl").with_suffix(".txt").write_bytes(b"")   # not a panel: ignored
+    won = {}
+    for dtype in ("float16", "float32"):
+        with tarfile.open(first / "panels.tar.xz") as packed:
+            genomes, times = campaign.read_panel(packed.extractfile(f"panel-{dtype}.jsonl").read())
+        won[dtype] = {genomes[min(row, key=row.__getitem__)] for row in times.values()}
+    base["seed"] = 4   # other searches, so other bucket winners
+    base["workload"].update(panel_winners_from=str(first))
+    again = campaign.run_campaign(config.parse(base), "again")
+    for dtype in ("float16", "float32"):
+        assert won[dtype] <= set(campaign.read_panel(again / f"panel-{dtype}.jsonl")[0].values())
+    base["workload"]["seed"] = 10
+    with pytest.raises(ConfigError, match="panel_winners_from.*drew other held-out shapes"):
+        campaign.run_campaign(config.parse(base), "other")
+
+
 def test_a_rule_learned_again_from_an_earlier_campaigns_panels_times_nothing(tmp_path, model_gpu):
     base = {"problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"), "observers": ["journal"],
             "workload": {"dtypes": ["float16", "float32"], "train": 6, "heldout": 6, "seed": 9, "per_bucket": 4,

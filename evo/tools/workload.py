@@ -18,7 +18,6 @@ import dataclasses
 import json
 import math
 import sys
-import tarfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,11 +27,12 @@ from .. import build, journal, registry
 from ..config import ConfigError, RunConfig, WorkloadConfig
 from ..evaluate.worker_process import parked_workers
 from ..run import execute, new_run_id, run_folder, table_seeds
-from ..types import Candidate, Case, GeneSpace, GeneValue, Genome
+from ..types import Candidate, Case, Genome
 from ..workload import ServesWorkload, Split, Workload, by_bucket, distance, narrow, split
 from . import dispatch, learn
+from .workload_panels import (PLAN, earlier_panels, panel_cases, panel_winners, read_panel,  # noqa: F401
+                              table_genomes, twins)
 
-PLAN = "workload.json"
 TABLE = "dispatch.json"
 WINNERS = 2          # genomes of each bucket that seed its neighbours and join the panel
 
@@ -165,78 +165,11 @@ def searched_winners(cfg: RunConfig, p: Plan) -> dict[str, list[Genome]]:
     return found
 
 
-def earlier_panels(cfg: RunConfig, folder: Path, p: Plan) -> dict[str, Path]:
-    """Steps 2-3 of an earlier campaign: its panels (panel-<dtype>.jsonl, or packed in panels.tar.xz as committed),
-    copied into this campaign's folder. It must have drawn this plan's held-out shapes, so that none was timed."""
-    src, key = Path(cfg.workload.panels_from), "config key 'workload.panels_from'"
-    if cfg.workload.searched_from:
-        raise ConfigError(f"{key} and 'workload.searched_from' exclude each other: panels_from learns from panels "
-                          f"already timed, searched_from times its winners again")
-    try:
-        earlier = json.loads((src / PLAN).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{key}: {str(src)!r} is not a campaign folder ({exc})") from None
-    if sorted(earlier.get("heldout", [])) != sorted(c.key for c in p.split.heldout):
-        raise ConfigError(f"{key}: {str(src)!r} drew other held-out shapes than this workload; use the same "
-                          f"workload keys as that campaign")
-    packed = tarfile.open(src / "panels.tar.xz") if (src / "panels.tar.xz").is_file() else None
-    out = {}
-    try:
-        for dtype in p.workload.dtypes:
-            name = f"panel-{dtype}.jsonl"
-            if (src / name).is_file():
-                text = (src / name).read_bytes()
-            elif packed is not None and name in packed.getnames():
-                text = packed.extractfile(name).read()
-            else:
-                continue
-            out[dtype] = folder / name
-            out[dtype].write_bytes(text)
-    finally:
-        if packed is not None:
-            packed.close()
-    if not out:
-        raise ConfigError(f"{key}: no panel-<dtype>.jsonl for {', '.join(p.workload.dtypes)} in {str(src)!r} or its "
-                          f"panels.tar.xz")
-    print(f"workload: panels of {', '.join(out)} from {src} (no search, nothing timed)", file=sys.stderr)
-    return out
-
-
-def panel_cases(cfg: RunConfig, p: Plan, dtype: str) -> list[Case]:
-    """A dtype's training cases, and the extra shape set's (never a held-out case)."""
-    cases = [c for c in p.split.train if c.dtype == dtype]
-    if cfg.workload.extra_train:
-        problem = registry.load("problem", cfg.problem)
-        extra = [Case(s, dtype) for s in build.shapes_of(problem, cfg.workload.extra_train,
-                                                          "config key 'workload.extra_train'")]
-        clash = [c.key for c in extra if c in set(p.split.heldout)]
-        if clash:
-            raise ConfigError(f"config key 'workload.extra_train': {clash[0]} is a held-out shape")
-        cases += [c for c in extra if c not in cases]
-    return cases
-
-
-def table_genomes(cfg: RunConfig, dtype: str) -> list[Genome]:
-    """The genomes a dispatch table (workload.panel_from) uses for a dtype, as this problem's genomes today."""
-    problem = registry.load("problem", cfg.problem)
-    return table_seeds(cfg.workload.panel_from, problem, problem.space, "workload.panel_from", dtype)
-
-
-def twins(space: GeneSpace, genomes: Sequence[Genome], values: Mapping[str, GeneValue]) -> list[Genome]:
-    """Each genome with one of `values`' genes set to its value, where that makes a new, feasible genome."""
-    out: list[Genome] = []
-    for g in genomes:
-        for name, value in values.items():
-            twin = Genome.of({**g.gene_dict, name: value}, g.patch_dict)
-            if twin not in genomes and twin not in out and space.why_infeasible(twin.gene_dict) is None:
-                out.append(twin)
-    return out
-
-
 def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome]]) -> dict[str, Path]:
     """Step 3: per dtype, the winners of its buckets (and a table's genomes) timed on all its training shapes by
     one evaluator."""
-    out = {}
+    out, earlier = {}, panel_winners(cfg, p)
+    space = registry.load("problem", cfg.problem).space
     for dtype in p.workload.dtypes:
         cases = panel_cases(cfg, p, dtype)
         genomes: list[Genome] = []
@@ -251,7 +184,8 @@ def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome
             genomes += [g for g in dict.fromkeys(others) if g not in genomes][:cfg.workload.panel]
         for d in (dtype, *[d for d in p.workload.dtypes if d != dtype and everywhere]):
             genomes += [g for g in table_genomes(cfg, d) if g not in genomes]
-        genomes += twins(registry.load("problem", cfg.problem).space, genomes, cfg.workload.panel_twins)
+            genomes += [g for g in earlier.get(d, []) if g not in genomes and space.why_infeasible(g.gene_dict) is None]
+        genomes += twins(space, genomes, cfg.workload.panel_twins)
         if not cases or not genomes:
             continue
         pcfg = bucket_config(cfg, cases, None)
@@ -266,18 +200,6 @@ def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome
                                 for g, r in zip(genomes, results)))
         print(f"workload: panel {dtype}: {len(genomes)} genomes x {len(cases)} training shapes", file=sys.stderr)
     return out
-
-
-def read_panel(path: Path) -> tuple[dict[str, Genome], dict[str, dict[str, float]]]:
-    """(genomes by id, times[case][genome id]) of one panel file; failed genomes give no times."""
-    genomes, pairs = {}, []
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
-        genome = Genome.from_json(entry["genome"])
-        genomes[genome.id] = genome
-        if entry["result"]["status"] == "ok":
-            pairs.append((genome.id, entry["result"]["times_us"]))
-    return genomes, learn.times_of(pairs)
 
 
 def learn_table(problem_name: str, panels: Mapping[str, Path], depth: int, campaign: str,
@@ -353,8 +275,8 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
     (folder / PLAN).write_text(json.dumps({"campaign": campaign, "config": cfg.to_json(), **p.to_json()}, indent=1))
     print(f"workload {campaign}: {len(p.split.train)} training and {len(p.split.heldout)} held-out shapes over "
           f"{', '.join(p.workload.dtypes)}; " + (f"learned again from {cfg.workload.panels_from}'s panels"
-                                                  if cfg.workload.panels_from else f"{len(p.buckets)} buckets to search"),
-          file=sys.stderr)
+                                                  if cfg.workload.panels_from else
+                                                  f"{len(p.buckets)} buckets to search"), file=sys.stderr)
     mlflow_run = track(cfg, campaign, folder, p)
     status = "FAILED"
     try:

@@ -71,7 +71,7 @@ fwd)
   int21_build
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RES/gpu.txt"
   mkdir -p /tmp/runs && cp -r .campaigns/* /tmp/runs/
-  campaign configs/rmsnorm_fwd_workload.yaml "$FWD" 400 -o "workload.searched_from=.campaigns/$FWD_SEARCHED"
+  campaign configs/rmsnorm_fwd_workload.yaml "$FWD" 430 -o "workload.searched_from=.campaigns/$FWD_SEARCHED"
   gpu_tests $(( 575 - SECONDS )) \
     tests/gpu/test_rmsnorm_bwd_gpu.py::test_every_genome_passes_the_gate_on_odd_and_held_out_shapes \
     tests/gpu/test_rmsnorm_bwd_gpu.py::test_live_evaluator_checks_and_times_a_spread

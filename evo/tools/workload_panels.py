@@ -1,0 +1,124 @@
+"""The panels of a workload campaign (evo/tools/workload.py, step 3): which genomes each dtype's panel times (its
+buckets' winners, the genomes of a table and an earlier campaign's panel winners, shape-dependent twins), and
+panels read back, from a campaign folder or packed in its panels.tar.xz."""
+from __future__ import annotations
+
+import json
+import sys
+import tarfile
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from .. import build, registry
+from ..config import ConfigError, RunConfig
+from ..run import table_seeds
+from ..types import Case, GeneSpace, GeneValue, Genome
+from . import learn
+
+if TYPE_CHECKING:
+    from .workload import Plan
+
+PLAN = "workload.json"
+
+
+def earlier_panels(cfg: RunConfig, folder: Path, p: Plan) -> dict[str, Path]:
+    """Steps 2-3 of an earlier campaign: its panels (panel-<dtype>.jsonl, or packed in panels.tar.xz as committed),
+    copied into this campaign's folder. It must have drawn this plan's held-out shapes, so that none was timed."""
+    key = "config key 'workload.panels_from'"
+    if cfg.workload.searched_from:
+        raise ConfigError(f"{key} and 'workload.searched_from' exclude each other: panels_from learns from panels "
+                          f"already timed, searched_from times its winners again")
+    out = {}
+    for dtype, text in panel_texts(cfg.workload.panels_from, p, key).items():
+        out[dtype] = folder / f"panel-{dtype}.jsonl"
+        out[dtype].write_bytes(text)
+    print(f"workload: panels of {', '.join(out)} from {cfg.workload.panels_from} (no search, nothing timed)",
+          file=sys.stderr)
+    return out
+
+
+def panel_texts(folder: str, p: Plan, key: str) -> dict[str, bytes]:
+    """An earlier campaign folder's panel files by dtype (panel-<dtype>.jsonl, or packed in its panels.tar.xz);
+    the campaign must have drawn this plan's held-out shapes (`key` names the config key in errors)."""
+    src = Path(folder)
+    try:
+        earlier = json.loads((src / PLAN).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{key}: {str(src)!r} is not a campaign folder ({exc})") from None
+    if sorted(earlier.get("heldout", [])) != sorted(c.key for c in p.split.heldout):
+        raise ConfigError(f"{key}: {str(src)!r} drew other held-out shapes than this workload; use the same "
+                          f"workload keys as that campaign")
+    packed = tarfile.open(src / "panels.tar.xz") if (src / "panels.tar.xz").is_file() else None
+    out = {}
+    try:
+        for dtype in p.workload.dtypes:
+            name = f"panel-{dtype}.jsonl"
+            if (src / name).is_file():
+                out[dtype] = (src / name).read_bytes()
+            elif packed is not None and name in packed.getnames():
+                out[dtype] = packed.extractfile(name).read()
+    finally:
+        if packed is not None:
+            packed.close()
+    if not out:
+        raise ConfigError(f"{key}: no panel-<dtype>.jsonl for {', '.join(p.workload.dtypes)} in {str(src)!r} or its "
+                          f"panels.tar.xz")
+    return out
+
+
+def panel_winners(cfg: RunConfig, p: Plan) -> dict[str, list[Genome]]:
+    """workload.panel_winners_from: by dtype, the genomes of an earlier campaign's panel that were fastest on some
+    training shape, fastest on the most shapes first."""
+    if not cfg.workload.panel_winners_from:
+        return {}
+    out = {}
+    for dtype, text in panel_texts(cfg.workload.panel_winners_from, p,
+                                   "config key 'workload.panel_winners_from'").items():
+        genomes, times = read_panel(text)
+        wins = Counter(min(row, key=row.__getitem__) for row in times.values() if row)
+        out[dtype] = [genomes[gid] for gid, _ in wins.most_common()]
+    return out
+
+
+def panel_cases(cfg: RunConfig, p: Plan, dtype: str) -> list[Case]:
+    """A dtype's training cases, and the extra shape set's (never a held-out case)."""
+    cases = [c for c in p.split.train if c.dtype == dtype]
+    if cfg.workload.extra_train:
+        problem = registry.load("problem", cfg.problem)
+        extra = [Case(s, dtype) for s in build.shapes_of(problem, cfg.workload.extra_train,
+                                                          "config key 'workload.extra_train'")]
+        clash = [c.key for c in extra if c in set(p.split.heldout)]
+        if clash:
+            raise ConfigError(f"config key 'workload.extra_train': {clash[0]} is a held-out shape")
+        cases += [c for c in extra if c not in cases]
+    return cases
+
+
+def table_genomes(cfg: RunConfig, dtype: str) -> list[Genome]:
+    """The genomes a dispatch table (workload.panel_from) uses for a dtype, as this problem's genomes today."""
+    problem = registry.load("problem", cfg.problem)
+    return table_seeds(cfg.workload.panel_from, problem, problem.space, "workload.panel_from", dtype)
+
+
+def twins(space: GeneSpace, genomes: Sequence[Genome], values: Mapping[str, GeneValue]) -> list[Genome]:
+    """Each genome with one of `values`' genes set to its value, where that makes a new, feasible genome."""
+    out: list[Genome] = []
+    for g in genomes:
+        for name, value in values.items():
+            twin = Genome.of({**g.gene_dict, name: value}, g.patch_dict)
+            if twin not in genomes and twin not in out and space.why_infeasible(twin.gene_dict) is None:
+                out.append(twin)
+    return out
+
+
+def read_panel(path: Path | bytes) -> tuple[dict[str, Genome], dict[str, dict[str, float]]]:
+    """(genomes by id, times[case][genome id]) of one panel file (or its bytes); failed genomes give no times."""
+    genomes, pairs = {}, []
+    for line in (path.decode() if isinstance(path, bytes) else path.read_text()).splitlines():
+        entry = json.loads(line)
+        genome = Genome.from_json(entry["genome"])
+        genomes[genome.id] = genome
+        if entry["result"]["status"] == "ok":
+            pairs.append((genome.id, entry["result"]["times_us"]))
+    return genomes, learn.times_of(pairs)
