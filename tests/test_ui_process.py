@@ -161,7 +161,7 @@ def test_a_bad_port_is_the_only_line(tmp_path, capsys):
 
 def test_it_binds_loopback_unless_told_otherwise(tmp_path):
     from kernel_factory.evo.observers.mlflow_store import ui_command
-    args = cli._parser().parse_args(["ui"])
+    args = cli.parser().parse_args(["ui"])
     assert args.host == "127.0.0.1"
     argv = ui_command(tmp_path / "m.db", tmp_path / "a", host=args.host, port=5000)
     assert argv[argv.index("--host") + 1] == "127.0.0.1"

@@ -14,7 +14,6 @@ No search, panel or rule ever sees a held-out shape; tests/test_workload.py chec
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -28,26 +27,13 @@ from ..config import ConfigError, RunConfig, WorkloadConfig
 from ..evaluate.worker_process import parked_workers
 from ..run import execute, new_run_id, run_folder, table_seeds
 from ..types import Candidate, Case, Genome
-from ..workload import ServesWorkload, Split, Workload, by_bucket, distance, narrow, split
+from ..workload import ServesWorkload, by_bucket, distance, narrow, split
 from . import dispatch, learn
-from .workload_panels import (PLAN, earlier_panels, panel_cases, panel_winners, read_panel,  # noqa: F401
-                              table_genomes, twins)
+from .workload_panels import (PLAN, Plan, earlier_panels, panel_cases, panel_winners,  # noqa: F401
+                              read_panel, table_genomes, twins)
 
 TABLE = "dispatch.json"
 WINNERS = 2          # genomes of each bucket that seed its neighbours and join the panel
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What a campaign works on, before anything is measured."""
-
-    workload: Workload
-    split: Split
-    buckets: dict[str, list[Case]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"workload": {**dataclasses.asdict(self.workload), "laws": dict(self.workload.laws)},
-                **self.split.to_json(), "buckets": {b: [c.key for c in cs] for b, cs in self.buckets.items()}}
 
 
 def plan(cfg: RunConfig) -> Plan:

@@ -1,25 +1,37 @@
-"""The panels of a workload campaign (evo/tools/workload.py, step 3): which genomes each dtype's panel times (its
-buckets' winners, the genomes of a table and an earlier campaign's panel winners, shape-dependent twins), and
-panels read back, from a campaign folder or packed in its panels.tar.xz."""
+"""A workload campaign's plan (what it works on) and its panels (evo/tools/workload.py, step 3): which genomes each
+dtype's panel times (its buckets' winners, the genomes of a table and an earlier campaign's panel winners,
+shape-dependent twins), and panels read back, from a campaign folder or packed in its panels.tar.xz."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tarfile
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .. import build, registry
 from ..config import ConfigError, RunConfig
 from ..run import table_seeds
 from ..types import Case, GeneSpace, GeneValue, Genome
+from ..workload import Split, Workload
 from . import learn
 
-if TYPE_CHECKING:
-    from .workload import Plan
-
 PLAN = "workload.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a campaign works on, before anything is measured."""
+
+    workload: Workload
+    split: Split
+    buckets: dict[str, list[Case]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workload": {**dataclasses.asdict(self.workload), "laws": dict(self.workload.laws)},
+                **self.split.to_json(), "buckets": {b: [c.key for c in cs] for b, cs in self.buckets.items()}}
 
 
 def earlier_panels(cfg: RunConfig, folder: Path, p: Plan) -> dict[str, Path]:
