@@ -39,12 +39,9 @@ SPREAD = [dict(), dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, v
           dict(threads=256, rows_per_cta=32, ctas_per_sm=2, stages=2, prefetch=False),
           dict(threads=128, rows_per_cta=16, ctas_per_sm=4, reg_vecs=1, prefetch=False, dw_acc="smem",
                stream_batch=2, small_m="direct"),
-          # 16 and 32 rows of one warp or two: more rows per CTA than the scratch once counted on (their global
-          # partials wrote past it at M <= 5; tests/gpu/test_rmsnorm_bwd_gpu.py's random6 and random16)
-          dict(threads=512, rows_per_cta=16, ctas_per_sm=1, reg_vecs=2, dw_acc="smem", prefetch=False, stages=3,
-               load="nc_na", store="cs", small_m="grouped"),
-          dict(threads=1024, rows_per_cta=32, ctas_per_sm=1, reg_vecs=1, prefetch=False, vec_bytes=8),
-          dict(threads=1024, rows_per_cta=16, ctas_per_sm=1, reg_vecs=1, prefetch=False, vec_bytes=8, small_m="grouped")]
+          # 16 or 32 rows of a warp or more per CTA: their global partials once wrote past the scratch at M <= 5
+          *(dict(threads=t, rows_per_cta=r, ctas_per_sm=1, reg_vecs=1, prefetch=False, vec_bytes=8, small_m=m)
+            for t, r, m in ((512, 16, "grouped"), (1024, 16, "grouped"), (1024, 32, "none")))]
 
 
 def genes(**kw):
@@ -82,8 +79,7 @@ def test_space_is_tens_of_thousands_and_every_value_is_reachable():
 @pytest.mark.parametrize("kw, words", [
     (dict(threads=512, rows_per_cta=64, reduce="smem"), "shuffles"),
     (dict(threads=1024, ctas_per_sm=4), "threads of an SM"),
-    (dict(threads=128, ctas_per_sm=2), "persistent grid busy"),
-    (dict(threads=512, rows_per_cta=2), "CTA of its own"),
+    (dict(threads=128, ctas_per_sm=2), "persistent grid busy"), (dict(threads=512, rows_per_cta=2), "CTA of its own"),
     (dict(cluster=2, threads=512, rows_per_cta=4), "rows_per_cta=1"),
     (dict(cluster=4, threads=256), "threads >= 512"),
     (dict(cluster=4, threads=128, ctas_per_sm=4, stages=2, prefetch=False, reg_vecs=1, rows_per_cta=4),
@@ -231,8 +227,7 @@ def test_plans_pick_registers_shared_or_global_partials():
     wide = mod.plan(DEFAULT, 8192, 262144, "bfloat16")
     assert wide.flags == glob and wide.partial_rows == wide.slots
     warp_rows = mod.plan(genes(threads=256, rows_per_cta=8, ctas_per_sm=4, reg_vecs=1, prefetch=False, dw_acc="smem"),
-                         3000, 40,
-                         "bfloat16")
+                         3000, 40, "bfloat16")
     assert warp_rows.flags == smem and warp_rows.shared_bytes == 8 * 1 * 8 * 32 * 4
     big = genes(threads=1024, cluster=8, ctas_per_sm=1, reg_vecs=1, dw_acc="smem", reduce="smem", prefetch=False)
     p = mod.plan(big, 8192, 262144, "bfloat16")

@@ -38,10 +38,10 @@ def read_bench(path: str | Path) -> dict[str, Any]:
 
 
 def write_bench(result: Mapping[str, Any], path: str | Path) -> None:
-    """read_bench's other half: the JSON as one line, xz-compressed where the name ends in .xz."""
-    text = json.dumps(result, separators=(",", ":")) + "\n" if str(path).endswith(".xz") else json.dumps(
-        result, indent=1) + "\n"
-    Path(path).write_bytes(lzma.compress(text.encode()) if str(path).endswith(".xz") else text.encode())
+    """read_bench's other half: xz-compressed (the JSON on one line) where the name ends in .xz."""
+    packed = str(path).endswith(".xz")
+    data = (json.dumps(result, separators=(",", ":")) if packed else json.dumps(result, indent=1)) + "\n"
+    Path(path).write_bytes(lzma.compress(data.encode()) if packed else data.encode())
 REPORT = "heldout.md"
 
 
