@@ -154,6 +154,9 @@ class WorkloadConfig:
     max_bytes: int | None = None              # largest input tensor, bytes
     seed: int = 0                             # draws the sets (independently of `seed`, which drives the search)
     train: int = 48                           # training cases per dtype
+    # training cases per dtype beyond `train` (the same seeded stream drawn on): timed in the panels and learned
+    # from by the rule, but searched in no bucket (a denser training set for the rule at a panel's cost)
+    train_more: int = 0
     heldout: int = 48                         # held-out cases per dtype
     per_bucket: int = 24                      # evaluations of each bucket's search
     search_s: float | None = None             # wall clock for all bucket searches, shared out bucket by bucket
@@ -167,6 +170,10 @@ class WorkloadConfig:
     # were fastest on some training shape of its panels join this campaign's panels (of every dtype with
     # panel_all_dtypes), so that a genome a later table dropped is timed again
     panel_winners_from: str | None = None
+    # An earlier campaign folder's panels (the same held-out draw): a genome it timed correct keeps its times there
+    # and is timed here only on the cases it lacks (with train_more, the new shapes); a campaign cut in its
+    # panels goes on from its own folder so
+    panel_times_from: str | None = None
     rule_depth: int = 4                       # depth of the learned dispatch tree
     rule: str = "tree"                        # the learned dispatch: tree, near (nearest shapes) or auto (per dtype,
                                               # the better of the two on training cases left out of the learning)

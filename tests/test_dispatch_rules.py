@@ -34,6 +34,43 @@ def test_fit_recovers_a_split_the_data_holds():
     assert dispatch_rule.check(fitted.tree, "t") == []
 
 
+def _greedy(times, cases, genomes, depth, min_leaf=2, min_gain=0.01):
+    """The tree's definition, case by case: the cheapest leaf, or the cheapest split of every feature's every cut."""
+    def cost(subset):
+        return min((round(sum(learn._slow(times, c, g) for c in subset), 9), g) for g in genomes)
+    feats = {c: learn._features(Case.parse(c)) for c in cases}
+    here, leaf = cost(cases)
+    best = None
+    for name in dispatch_rule.FEATURES if depth else ():
+        values = sorted({feats[c][name] for c in cases})
+        for lo, hi in zip(values, values[1:]):
+            left = [c for c in cases if feats[c][name] <= (lo + hi) / 2]
+            right = [c for c in cases if c not in left]
+            if min(len(left), len(right)) >= min_leaf:
+                split = round(cost(left)[0] + cost(right)[0], 9)
+                best = (split, name, left, right) if best is None or split < best[0] else best
+    if best is None or here - best[0] <= min_gain:
+        return ("leaf", leaf)
+    return (best[1], _greedy(times, best[2], genomes, depth - 1), _greedy(times, best[3], genomes, depth - 1))
+
+
+def _shape(tree):
+    return ("leaf", tree["leaf"]) if "leaf" in tree else (tree["feature"], _shape(tree["then"]), _shape(tree["else"]))
+
+
+def test_fit_is_the_greedy_tree_on_random_panels():
+    """fit prices every cut at once from running sums; on random panels with gaps (genomes not measured on a
+    case) it grows the tree the case-by-case definition grows."""
+    rng = random.Random(7)
+    for _ in range(12):
+        cases = sorted({Case((rng.choice((1, 7, 64, 700, 4096, 30000)), rng.randint(64, 70000)), "float16").key
+                        for _ in range(rng.randint(6, 40))})
+        genomes = [f"g{i}" for i in range(rng.randint(2, 9))]
+        times = {c: {g: rng.uniform(1, 3) for g in genomes if rng.random() < 0.85} or {"g0": 1.0} for c in cases}
+        everything = sorted({g for row in times.values() for g in row})
+        assert _shape(learn.fit(times, depth=3).tree) == _greedy(times, sorted(times), everything, 3)
+
+
 def test_fit_prefers_one_leaf_when_a_split_buys_nothing():
     cases = [Case((m, 1024), "float32") for m in (1, 10, 100, 1000, 10000)]
     fitted = learn.fit({c.key: {"a": 1.0, "b": 1.2} for c in cases}, depth=4)

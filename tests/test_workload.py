@@ -364,3 +364,25 @@ def test_the_backward_runs_the_same_campaign_and_its_table_dispatches_by_m_and_n
                for c in plan.split.heldout)
     with pytest.raises(export.ExportError, match="not 'rmsnorm_fwd'"):
         export.export("rmsnorm_fwd", [str(folder)], tmp_path / "ops" / "fwd.json")
+
+
+def test_more_training_shapes_are_timed_only_where_an_earlier_panel_lacks_them(tmp_path, model_gpu):
+    """workload.train_more: the training stream drawn on, for the panels and the rule only (no bucket search, never a
+    held-out shape); with panel_times_from an earlier panel's times stay, and only the shapes it lacks are timed."""
+    base = {"problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"), "observers": ["journal"],
+            "workload": {"dtypes": ["float16"], "train": 6, "heldout": 6, "seed": 9, "per_bucket": 4, "panel": 4,
+                         "n": [64, 8192], "validate": False}, "search": {"population": 4}}
+    first, before = campaign.run_campaign(config.parse(base), "first"), campaign.plan(config.parse(base))
+    base["workload"].update(train_more=4, searched_from=str(first), panel_times_from=str(first))
+    plan, timed = campaign.plan(config.parse(base)), len(model_gpu.ledger)
+    second = campaign.run_campaign(config.parse(base), "second")
+    assert plan.split == before.split and len(plan.more) == 4
+    assert not set(plan.more) & {*plan.split.train, *plan.split.heldout}
+    assert set(model_gpu.ledger[timed:]) == set(plan.more)   # the panel's genomes on the new shapes only
+    old, new = (campaign.read_panel(f / "panel-float16.jsonl")[1] for f in (first, second))
+    assert set(new) == {c.key for c in (*plan.split.train, *plan.more)}
+    assert all(new[key] == row for key, row in old.items())
+    assert json.loads((second / "workload.json").read_text())["train_more"] == [c.key for c in plan.more]
+    base["workload"]["train_more"] = -1
+    with pytest.raises(ConfigError, match="workload.train_more': -1"):
+        campaign.plan(config.parse(base))

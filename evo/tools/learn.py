@@ -13,11 +13,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from ...kernels import dispatch_rule
 from ..types import Case
 from ..workload import ELEM_BYTES
 
 MISSING = math.log(2.0)
+TIE = 9   # decimals: costs equal to these are ties, which go to the first feature, cut and genome in order
 
 
 @dataclass(frozen=True)
@@ -35,41 +38,46 @@ def _slow(times: Mapping[str, Mapping[str, float]], case: str, genome: str) -> f
     return math.log(row[genome] / min(row.values())) if genome in row else MISSING
 
 
-def _best_leaf(times: Mapping[str, Mapping[str, float]], cases: Sequence[str], genomes: Sequence[str]
-               ) -> tuple[float, str]:
-    return min((sum(_slow(times, c, g) for c in cases), g) for g in genomes)
-
-
 def fit(times: Mapping[str, Mapping[str, float]], depth: int = 4, min_leaf: int = 2, min_gain: float = 0.01) -> Fit:
-    """A tree for one dtype from times[case key][genome id] (µs). Every case needs at least one measured genome."""
+    """A tree for one dtype from times[case key][genome id] (µs). Every case needs at least one measured genome.
+
+    Vectorized: one matrix of log slowdowns (case x genome), and every cut of a feature priced at once from the
+    running sums of its cases sorted by that feature (a campaign's left-out learning fits one tree per case: at
+    `91` cases and `116` genomes the case-by-case sums took tens of minutes)."""
     cases = sorted(c for c in times if times[c])
     if not cases:
         raise ValueError("no case has a measured genome: nothing to learn a dispatch from")
     genomes = sorted({g for c in cases for g in times[c]})
-    feats = {c: _features(Case.parse(c)) for c in cases}
+    slow = np.array([[_slow(times, c, g) for g in genomes] for c in cases])
+    feats = {name: np.array([_features(Case.parse(c))[name] for c in cases]) for name in dispatch_rule.FEATURES}
     counter = iter(range(1 << 30))
 
-    def grow(subset: list[str], level: int) -> dict[str, Any]:
-        cost, leaf = _best_leaf(times, subset, genomes)
+    def grow(rows: np.ndarray, level: int) -> dict[str, Any]:
+        sums = slow[rows].sum(axis=0).round(TIE)
+        cost, leaf = float(sums.min()), genomes[int(sums.argmin())]
         best = None
-        if level < depth and len(subset) >= 2 * min_leaf:
+        if level < depth and len(rows) >= 2 * min_leaf:
             for name in dispatch_rule.FEATURES:
-                values = sorted({feats[c][name] for c in subset})
-                for lo, hi in zip(values, values[1:]):
-                    cut = (lo + hi) / 2
-                    left = [c for c in subset if feats[c][name] <= cut]
-                    right = [c for c in subset if feats[c][name] > cut]
-                    if len(left) < min_leaf or len(right) < min_leaf:
-                        continue
-                    split_cost = _best_leaf(times, left, genomes)[0] + _best_leaf(times, right, genomes)[0]
-                    if best is None or split_cost < best[0]:
-                        best = (split_cost, name, cut, left, right)
+                values = feats[name][rows]
+                order = np.argsort(values, kind="stable")
+                ranked, left = values[order], np.cumsum(slow[rows[order]], axis=0)
+                # a cut after position i (between two distinct values) leaves i + 1 cases on the left
+                at = np.nonzero(ranked[1:] != ranked[:-1])[0]
+                at = at[(at + 1 >= min_leaf) & (len(rows) - at - 1 >= min_leaf)]
+                if not len(at):
+                    continue
+                costs = (left[at].min(axis=1) + (left[-1] - left[at]).min(axis=1)).round(TIE)
+                i = int(costs.argmin())
+                if best is None or costs[i] < best[0]:
+                    cut = (ranked[at[i]] + ranked[at[i] + 1]) / 2
+                    best = (float(costs[i]), name, float(cut), rows[values <= cut], rows[values > cut])
         if best is None or cost - best[0] <= min_gain:
-            return {"leaf": leaf, "id": next(counter), "cases": len(subset)}
-        _, name, cut, left, right = best
-        return {"feature": name, "le": round(cut, 6), "then": grow(left, level + 1), "else": grow(right, level + 1)}
+            return {"leaf": leaf, "id": next(counter), "cases": len(rows)}
+        _, name, cut, left_rows, right_rows = best
+        return {"feature": name, "le": round(cut, 6), "then": grow(left_rows, level + 1),
+                "else": grow(right_rows, level + 1)}
 
-    tree = grow(cases, 0)
+    tree = grow(np.arange(len(cases)), 0)
     return Fit(tree, *score(tree, times))
 
 

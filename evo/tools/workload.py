@@ -29,7 +29,7 @@ from ..run import execute, new_run_id, run_folder, table_seeds
 from ..types import Candidate, Case, Genome
 from ..workload import ServesWorkload, by_bucket, distance, narrow, split
 from . import dispatch, learn
-from .workload_panels import (PLAN, Plan, earlier_panels, panel_cases, panel_winners,  # noqa: F401
+from .workload_panels import (PLAN, Plan, earlier_panels, panel_cases, panel_results, panel_winners,  # noqa: F401
                               read_panel, table_genomes, twins)
 
 TABLE = "dispatch.json"
@@ -46,7 +46,12 @@ def plan(cfg: RunConfig) -> Plan:
     try:
         served = narrow(problem.workload, dtypes=w.dtypes, m=w.m, n=w.n, small_m_share=w.small_m_share,
                         laws=dict(w.laws) or None, max_bytes=w.max_bytes)
+        if w.train_more < 0:
+            raise ValueError(f"train_more': {w.train_more} (a count of training shapes: 0 or more)")
         sets = split(served, w.seed, w.train, w.heldout)
+        # the training streams drawn on: their first `train` cases are the training set's, the rest only panel shapes
+        more = tuple(c for c in split(served, w.seed, w.train + w.train_more, w.heldout).train
+                     if c not in set(sets.train)) if w.train_more else ()
     except ValueError as exc:
         raise ConfigError(f"config key 'workload.{exc}") from None
     buckets = by_bucket(sets.train, w.bucket_by_dtype)
@@ -64,7 +69,7 @@ def plan(cfg: RunConfig) -> Plan:
         if value not in problem.space[name].choices:
             raise ConfigError(f"config key 'workload.panel_twins.{name}': {value!r} is not one of "
                               f"{list(problem.space[name].choices)}")
-    return Plan(served, sets, buckets)
+    return Plan(served, sets, buckets, more)
 
 
 def slug(bucket: str) -> str:
@@ -154,7 +159,7 @@ def searched_winners(cfg: RunConfig, p: Plan) -> dict[str, list[Genome]]:
 def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome]]) -> dict[str, Path]:
     """Step 3: per dtype, the winners of its buckets (and a table's genomes) timed on all its training shapes by
     one evaluator."""
-    out, earlier = {}, panel_winners(cfg, p)
+    out, earlier, known = {}, panel_winners(cfg, p), panel_results(cfg, p)
     space = registry.load("problem", cfg.problem).space
     for dtype in p.workload.dtypes:
         cases = panel_cases(cfg, p, dtype)
@@ -174,18 +179,44 @@ def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome
         genomes += twins(space, genomes, cfg.workload.panel_twins)
         if not cases or not genomes:
             continue
-        pcfg = bucket_config(cfg, cases, None)
-        run = build.prepare(pcfg)
-        evaluator = build.make_evaluator(run, build.evaluator_kind(pcfg)[0])
+        results, timed = timed_panel(cfg, cases, genomes, known.get(dtype, {}))
+        path = out[dtype] = folder / f"panel-{dtype}.jsonl"
+        path.write_text("".join(json.dumps({"genome": g.to_json(), "result": r}) + "\n"
+                                for g, r in zip(genomes, results)))
+        print(f"workload: panel {dtype}: {len(genomes)} genomes x {len(cases)} training shapes"
+              + (f" ({timed} of {len(genomes) * len(cases)} timed here, the rest from {cfg.workload.panel_times_from})"
+                 if dtype in known else ""), file=sys.stderr)
+    return out
+
+
+def timed_panel(cfg: RunConfig, cases: Sequence[Case], genomes: Sequence[Genome],
+                known: Mapping[str, Mapping[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Each genome's panel result (as JSON) on `cases`, and how many (genome, case) pairs were timed: a genome
+    `known` (an earlier panel's correct results by genome id) keeps the times it has there and is timed on the
+    cases it lacks; genomes lacking the same cases are timed together by one evaluator."""
+    lacking: dict[tuple[Case, ...], list[Genome]] = {}
+    for g in genomes:
+        have = known.get(g.id, {}).get("times_us", {})
+        lacking.setdefault(tuple(c for c in cases if c.key not in have), []).append(g)
+    fresh: dict[str, dict[str, Any]] = {}
+    for todo, group in lacking.items():
+        if not todo:
+            continue
+        pcfg = bucket_config(cfg, todo, None)
+        evaluator = build.make_evaluator(build.prepare(pcfg), build.evaluator_kind(pcfg)[0])
         try:
-            results = evaluator.evaluate([Candidate(g, operator="panel") for g in genomes])
+            results = evaluator.evaluate([Candidate(g, operator="panel") for g in group])
         finally:
             evaluator.close()
-        path = out[dtype] = folder / f"panel-{dtype}.jsonl"
-        path.write_text("".join(json.dumps({"genome": g.to_json(), "result": r.to_json()}) + "\n"
-                                for g, r in zip(genomes, results)))
-        print(f"workload: panel {dtype}: {len(genomes)} genomes x {len(cases)} training shapes", file=sys.stderr)
-    return out
+        fresh.update({g.id: r.to_json() for g, r in zip(group, results)})
+    keys = {c.key for c in cases}
+    out = []
+    for g in genomes:
+        old = {k: v for k, v in known.get(g.id, {}).get("times_us", {}).items() if k in keys}
+        new = fresh.get(g.id)
+        out.append(dict(known[g.id], times_us=old) if new is None else
+                   new if new["status"] != "ok" else dict(new, times_us={**old, **new["times_us"]}))
+    return out, sum(len(todo) * len(group) for todo, group in lacking.items())
 
 
 def learn_table(problem_name: str, panels: Mapping[str, Path], depth: int, campaign: str,

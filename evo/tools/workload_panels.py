@@ -28,10 +28,12 @@ class Plan:
     workload: Workload
     split: Split
     buckets: dict[str, list[Case]]
+    more: tuple[Case, ...] = ()     # workload.train_more: training shapes for the panels and the rule alone
 
     def to_json(self) -> dict[str, Any]:
         return {"workload": {**dataclasses.asdict(self.workload), "laws": dict(self.workload.laws)},
-                **self.split.to_json(), "buckets": {b: [c.key for c in cs] for b, cs in self.buckets.items()}}
+                **self.split.to_json(), "buckets": {b: [c.key for c in cs] for b, cs in self.buckets.items()},
+                **({"train_more": [c.key for c in self.more]} if self.more else {})}
 
 
 def earlier_panels(cfg: RunConfig, folder: Path, p: Plan) -> dict[str, Path]:
@@ -93,9 +95,22 @@ def panel_winners(cfg: RunConfig, p: Plan) -> dict[str, list[Genome]]:
     return out
 
 
+def panel_results(cfg: RunConfig, p: Plan) -> dict[str, dict[str, dict[str, Any]]]:
+    """workload.panel_times_from: by dtype, an earlier campaign's panel results (JSON) of the genomes it timed
+    correct, by genome id."""
+    if not cfg.workload.panel_times_from:
+        return {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for dtype, text in panel_texts(cfg.workload.panel_times_from, p,
+                                   "config key 'workload.panel_times_from'").items():
+        entries = [json.loads(line) for line in text.decode().splitlines() if line.strip()]
+        out[dtype] = {Genome.from_json(e["genome"]).id: e["result"] for e in entries if e["result"]["status"] == "ok"}
+    return out
+
+
 def panel_cases(cfg: RunConfig, p: Plan, dtype: str) -> list[Case]:
     """A dtype's training cases, and the extra shape set's (never a held-out case)."""
-    cases = [c for c in p.split.train if c.dtype == dtype]
+    cases = [c for c in (*p.split.train, *p.more) if c.dtype == dtype]
     if cfg.workload.extra_train:
         problem = registry.load("problem", cfg.problem)
         extra = [Case(s, dtype) for s in build.shapes_of(problem, cfg.workload.extra_train,

@@ -5,24 +5,26 @@
 # $OUT/campaigns-<stage>.tgz after every step; every step has its own timeout, and a bench cut short keeps its rows
 # (`kernel-factory heldout FOLDER --go-on` times only the cases it lacks).
 # The next session's calls:
-#   fwd (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward learned again from the 2026-12-03 bucket
-#       searches with workload.panel_all_dtypes (h200-fwd-workload-5), then the backward's GPU tests (the gate test
-#       that named a scratch overrun, fixed on a CPU since, and the live evaluator's, cut before)
-#   suite (carry .gpu-b): the evaluator's GPU tests
-#   heldout (carry .gpu-c .int21 .campaigns/h200-bwd-workload-2): the backward's held-out bench goes on where it was
-#       cut (fp16's last shapes, fp32), then the forward's new rule's
-#   more (no carry; the host still warm): the forward's bench goes on, then the bench's GPU tests (every peer)
+#   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
+#       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
+#       only; the 43 shapes per dtype h200-fwd-workload-5 timed keep its times (workload.panel_times_from)
+#   bwdtests (carry .gpu-b): the backward's GPU tests whole
+#   rows (carry .gpu-c .int21 .campaigns/h200-bwd-workload-2): the backward's learned table on the benchmark rows
+#       against every peer and the op as shipped (before it may ship), then the forward's new rule held out
+#   whole (no carry; the host still warm): the GPU suite in one call, at one commit
 #   record (carry .gpu-a; a session of its own): configs/rmsnorm_fwd_fp16_record.yaml, the held-out recording of
 #       1398 genomes for the search-efficiency audit (issues 27 and 32); it resumes in a second call when cut
 # Earlier stages: panels (both campaigns learned again from their searches with the benchmark rows), bwd (the
-# backward alone, h200-bwd-workload-2). On 2026-12-03 the backward's fp32 panel first ran out of GPU memory (fixed:
-# pools made on demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
+# backward alone, h200-bwd-workload-2); fwd, suite, heldout and more ran on 2026-12-03 at 20:05
+# (h200-fwd-workload-5). On 2026-12-03 the backward's fp32 panel first ran out of GPU memory (fixed: pools made on
+# demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh fwd|suite|heldout|more|panels|bwd|record}"
+stage="${1:?usage: campaigns.sh fwd6|bwdtests|rows|whole|fwd|suite|heldout|more|panels|bwd|record}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 FWD=h200-fwd-workload-5
+FWD6=h200-fwd-workload-6
 BWD=h200-bwd-workload-2
 FWD_SEARCHED=h200-fwd-workload-3
 BWD_SEARCHED=h200-bwd-workload-1
@@ -65,6 +67,37 @@ gpu_tests() {   # SECONDS PYTEST ARGS...: tests/gpu/run.sh, its log and junit in
   echo "exit $?" >> "$RES/gpu-tests.log"; tail -n 15 "$RES/gpu-tests.log"; pack > /dev/null
 }
 case "$stage" in
+fwd6)
+  export KF_PEERS=liger   # QuACK completes in call rows; INT21 builds in the background meanwhile
+  setup .gpu-a
+  int21_build
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RES/gpu.txt"
+  mkdir -p /tmp/runs && cp -r .campaigns/* /tmp/runs/
+  campaign configs/rmsnorm_fwd_workload.yaml "$FWD6" $(( 575 - SECONDS )) -o workload.train_more=48 \
+    -o "workload.searched_from=.campaigns/$FWD_SEARCHED" \
+    -o "workload.panel_times_from=docs/results/workload/$FWD"
+  ;;
+bwdtests)
+  export KF_PEERS=liger
+  setup .gpu-b
+  gpu_tests 300 tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_bwd_small_gpu.py \
+    tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py
+  ;;
+rows)
+  setup .gpu-c
+  int21_wait 120 || exit 2
+  mkdir -p /tmp/runs && cp -r .campaigns/h200-bwd-workload-2 /tmp/runs/
+  echo "rows $BWD: from $SECONDS s"
+  timeout 240 kernel-factory bench --problem rmsnorm_bwd --table "/tmp/runs/$BWD/kernels/dispatch.json" \
+    --shapes benchmark --dtypes bfloat16,float16,float32 --reps 20 --out "$RES/$BWD/bench" --stem rows \
+    > "$RES/rows-$BWD.log" 2>&1; echo "exit $?" >> "$RES/rows-$BWD.log"
+  tail -n 12 "$RES/rows-$BWD.log"; pack > /dev/null
+  heldout "$FWD6" $(( 580 - SECONDS ))
+  ;;
+whole)
+  setup
+  gpu_tests 560
+  ;;
 fwd)
   export KF_PEERS=liger   # QuACK completes in call heldout; INT21 builds in the background meanwhile
   setup .gpu-a
@@ -118,5 +151,6 @@ record)   # carry .gpu-a, twice back to back if cut (it resumes): the held-out r
     --out /tmp/runs/recordings/rmsnorm_fwd-float16-sub.jsonl.gz > "$RES/record.log" 2>&1
   echo "exit $?" >> "$RES/record.log"; tail -n 5 "$RES/record.log"; cp /tmp/runs/recordings/* "$RES/"
   ;;
-*) echo "campaigns.sh: unknown stage $stage (fwd, suite, heldout, more, panels, bwd or record)" >&2; exit 2 ;;
+*) echo "campaigns.sh: unknown stage $stage (fwd6, bwdtests, rows, whole, fwd, suite, heldout, more, panels, bwd or" \
+     "record)" >&2; exit 2 ;;
 esac
