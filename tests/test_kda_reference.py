@@ -1,0 +1,85 @@
+"""The KDA forward's reference (problems/kda_reference.py, issue 31): the chunked form against the token-by-token
+recurrence that defines the op, packed sequences independent of each other, FlashKDA's gate and the delta rule's
+write-then-read property, on fresh random inputs in float64."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_factory.problems import kda_reference as kda
+
+
+def _prepared(lengths, heads=3, head=16, seed=0, initial=True):
+    raw = kda.make_inputs(lengths, heads, seed, head_k=head, head_v=head + 8, dtype=torch.float64, initial=initial)
+    p = kda.prepare(raw, torch.float64)
+    state = raw.get("initial_state")
+    return p, raw["cu_seqlens"].tolist(), None if state is None else state.double()
+
+
+@pytest.mark.parametrize("chunk", [1, 16, 32, 64])
+def test_the_chunked_form_is_the_recurrence(chunk):
+    lengths = [5, 37, 64, 1, 130]   # shorter than a chunk, odd, whole chunks, one token, several chunks and a rest
+    p, cu, state = _prepared(lengths, seed=chunk)
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], cu)
+    want_o, want_s = kda.recurrent(*args, initial_state=state)
+    got_o, got_s = kda.chunked(*args, initial_state=state, chunk=chunk)
+    assert torch.isfinite(want_o).all() and want_o.abs().max() > 1e-3 and want_s.abs().max() > 1e-3
+    torch.testing.assert_close(got_o, want_o, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(got_s, want_s, rtol=1e-9, atol=1e-10)
+
+
+def test_packed_sequences_do_not_see_each_other():
+    lengths = [20, 9, 41]
+    p, cu, state = _prepared(lengths, seed=5)
+    o, s = kda.chunked(p["q"], p["k"], p["v"], p["g"], p["beta"], cu, initial_state=state, chunk=16)
+    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+        alone = kda.recurrent(*(p[n][a:b] for n in ("q", "k", "v", "g", "beta")), [0, b - a],
+                              initial_state=state[i:i + 1])
+        torch.testing.assert_close(o[a:b], alone[0], rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(s[i:i + 1], alone[1], rtol=1e-9, atol=1e-10)
+    zero = kda.chunked(p["q"], p["k"], p["v"], p["g"], p["beta"], cu, chunk=16)
+    torch.testing.assert_close(zero[0], kda.recurrent(p["q"], p["k"], p["v"], p["g"], p["beta"], cu,
+                                                      initial_state=torch.zeros_like(state))[0])
+
+
+def test_a_written_value_is_read_back_by_its_key():
+    """beta = 1, no decay, an empty state: after token t writes (k, v), the query k reads scale * v."""
+    torch.manual_seed(1)
+    k = torch.randn(1, 2, 8, dtype=torch.float64)
+    k = k / k.norm(dim=-1, keepdim=True)
+    v = torch.randn(1, 2, 5, dtype=torch.float64)
+    o, s = kda.recurrent(k, k, v, torch.zeros(1, 2, 8, dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64),
+                         [0, 1], scale=1.0)
+    torch.testing.assert_close(o[0], v[0])
+    torch.testing.assert_close(s[0], k[0][..., None] * v[0][:, None, :])
+
+
+def test_the_safe_gate_decays_every_channel_within_its_bound():
+    raw = kda.make_inputs([300], 4, seed=3, head_k=32, head_v=32)
+    g = kda.safe_gate(raw["g_raw"], raw["A_log"], raw["dt_bias"])
+    assert g.shape == raw["g_raw"].shape and (g <= 0).all() and (g >= kda.LOWER).all()
+    x = torch.exp(raw["A_log"].double())[:, None] * (raw["g_raw"].double() + raw["dt_bias"].double())
+    torch.testing.assert_close(g.double(), kda.LOWER / (1 + torch.exp(-x)), rtol=1e-6, atol=1e-6)
+    assert g.min() < 0.9 * kda.LOWER and g.max() > 0.1 * kda.LOWER       # the inputs span the bound, both ends
+    again = kda.make_inputs([300], 4, seed=3, head_k=32, head_v=32)
+    other = kda.make_inputs([300], 4, seed=4, head_k=32, head_v=32)
+    assert torch.equal(raw["q"], again["q"]) and not torch.equal(raw["q"], other["q"])
+
+
+def test_the_reference_gives_finite_outputs_of_the_ops_shapes():
+    raw = kda.make_inputs([100, 28], 2, seed=8, head_k=16, head_v=16)
+    out = kda.reference(raw, chunk=32)
+    assert out["o"].shape == (128, 2, 16) and out["final_state"].shape == (2, 2, 16, 16)
+    assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in out.values())
+
+
+@pytest.mark.parametrize("cu, why", [([0], "at least one sequence"), ([1, 4], "starts at 0"),
+                                     ([0, 5, 3], "never decreases")])
+def test_bad_sequence_bounds_and_states_are_named(cu, why):
+    with pytest.raises(ValueError, match=why):
+        kda.bounds(cu)
+    p, cu_ok, state = _prepared([4, 4])
+    with pytest.raises(ValueError, match=r"initial_state has shape \(1, 3, 16, 24\)"):
+        kda.recurrent(p["q"], p["k"], p["v"], p["g"], p["beta"], cu_ok, initial_state=state[:1])
+    with pytest.raises(ValueError, match="lengths"):
+        kda.make_inputs([3, 0], 2, seed=0)
