@@ -10,7 +10,8 @@
 #       only; the 43 shapes per dtype h200-fwd-workload-5 timed keep its times (workload.panel_times_from)
 #   bwdtests (carry .gpu-b): the backward's GPU tests whole
 #   rows (carry .gpu-c .int21 .campaigns/h200-bwd-workload-2): the backward's learned table on the benchmark rows
-#       against every peer and the op as shipped (before it may ship), then the forward's new rule held out
+#       against every peer but tuned QuACK (it tunes ~45 s a shape) and the op as shipped (before it may
+#       ship), then the forward's new rule held out
 #   whole (no carry; the host still warm): the GPU suite in one call, at one commit
 #   record (carry .gpu-a; a session of its own): configs/rmsnorm_fwd_fp16_record.yaml, the held-out recording of
 #       1398 genomes for the search-efficiency audit (issues 27 and 32); it resumes in a second call when cut
@@ -90,6 +91,7 @@ rows)
   echo "rows $BWD: from $SECONDS s"
   timeout 240 kernel-factory bench --problem rmsnorm_bwd --table "/tmp/runs/$BWD/kernels/dispatch.json" \
     --shapes benchmark --dtypes bfloat16,float16,float32 --reps 20 --out "$RES/$BWD/bench" --stem rows \
+    --baselines quack,int21,liger,torch_eager,factory_op \
     > "$RES/rows-$BWD.log" 2>&1; echo "exit $?" >> "$RES/rows-$BWD.log"
   tail -n 12 "$RES/rows-$BWD.log"; pack > /dev/null
   heldout "$FWD6" $(( 580 - SECONDS ))
