@@ -104,7 +104,7 @@ class Problem(Protocol):
     shape_sets: Mapping[str, tuple[tuple[int, ...], ...]]  # keys: SHAPE_SETS
     baselines: tuple[str, ...]                           # names accepted by baseline(); the first is the default
     # Optional capabilities, each a protocol below: PublishedPeers, DeclaresPeers, SpecialInputs, RowReference,
-    # ExpectedSass, DeclaresDeterminism (see the RMSNorm problems).
+    # ExpectedSass, DeclaresDeterminism (see the RMSNorm problems), RaggedShapes.
 
     def template(self) -> str:
         """CUDA C++ source that compiles as-is: each gene is a #define with a default."""
@@ -186,6 +186,15 @@ class ExpectedSass(Protocol):
 
     def expected_sass(self, genes: Mapping[str, GeneValue], dtype: str) -> list[tuple[str, bool, str]]:
         ...
+
+
+@runtime_checkable
+class RaggedShapes(Protocol):
+    """Has shapes whose trailing dims are a list as long as a case needs: `fixed_dims` leading dims, then one or more
+    (e.g. (heads, then each packed sequence's length) for attention over sequences of several lengths); the
+    shape-sets rule checks that instead of one rank."""
+
+    fixed_dims: int
 
 
 @runtime_checkable

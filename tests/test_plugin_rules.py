@@ -34,6 +34,7 @@ CASES = [
                                                           "from kernel_factory.evo.types import"}, {},
      "imports kernel_factory.evo.build"),
     ("shape-sets", {"HELDOUT = ((1024, 2880), (2048, 5120))": "HELDOUT = ()"}, {}, "needs non-empty heldout"),
+    ("shape-sets", add("fixed_dims = 2\n"), {}, "a ragged shape has its 2 fixed dims and at least one more"),
     ("dtypes", {'dtypes = ("bfloat16", "float16", "float32")': 'dtypes = ("bfloat16", "bf16")'}, {},
      "'bf16' is not a torch dtype name"),
     ("baselines", {'raise MissingBaseline(f"unknown baseline': 'raise KeyError(f"unknown baseline'}, {},
@@ -231,3 +232,19 @@ def test_a_gene_macro_used_as_a_name_gets_a_hint(base, tmp_path):
     problem.space = GeneSpace((*problem.space.genes, Gene("n", (1, 2), 1)))
     _, hint = check_compile.source_context(source, 'x.cu(3): error: expected an identifier', problem)
     assert "uses N, gene 'n''s macro, where a name is expected" in hint
+
+
+def test_ragged_shapes_may_vary_in_rank_past_their_fixed_dims():
+    """RaggedShapes: (heads, then each packed sequence's length) passes the shape-sets rule; without the declaration
+    the same sets fail it, and so does a fixed_dims that is not a count."""
+    from types import SimpleNamespace
+
+    from kernel_factory.evo.tools import check_contract
+    sets = {"benchmark": ((96, 8192), (96, 1300, 547, 2048, 963, 271, 3063)), "correctness": ((2, 5, 1, 70),),
+            "heldout": ((64, 1024, 1024),)}
+    check_contract.shape_sets(SimpleNamespace(shape_sets=sets, fixed_dims=1))
+    for problem, says in ((SimpleNamespace(shape_sets=sets), "shapes of ranks [2, 3, 4, 7]"),
+                          (SimpleNamespace(shape_sets=sets, fixed_dims=-1), "fixed_dims = -1"),
+                          (SimpleNamespace(shape_sets=sets, fixed_dims=2), "(96, 8192): a ragged shape has its 2")):
+        with pytest.raises(check_contract.CheckFailed, match=re.escape(says)):
+            check_contract.shape_sets(problem)

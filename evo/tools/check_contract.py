@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..evaluate import render
-from ..protocols import SHAPE_SETS, DeclaresDeterminism, ExpectedSass, PublishedPeers, Problem, RowReference
+from ..protocols import (SHAPE_SETS, DeclaresDeterminism, ExpectedSass, Problem, PublishedPeers, RaggedShapes,
+                         RowReference)
 
 # Every rule a plugin must follow, by name: the docs state each (docs/adding-a-problem.md), check enforces each, and
 # tests/test_plugin_rules.py breaks each on purpose.
@@ -19,7 +20,8 @@ RULES = {
     "entry-point": "the entry point gives an object with every member of Problem, named as the entry point",
     "imports": "the plugin imports of the factory only its floor 1 (types, protocols, inputs, compiled, regions, "
                "workload) and kernels/",
-    "shape-sets": "benchmark, correctness and heldout are non-empty; shapes are positive ints, all of one rank",
+    "shape-sets": "benchmark, correctness and heldout are non-empty; shapes are positive ints, all of one rank "
+                  "(or, with RaggedShapes, each longer than its fixed dims)",
     "dtypes": "dtypes are torch dtype names; the first is the default",
     "baselines": "baselines name at least one, each once; baseline() of an unknown name raises MissingBaseline",
     "tolerance": "tolerance(dtype) is (atol, rtol) with 0 < atol < 1, 0 < rtol < 0.1 (output_tolerance: 0 <= atol)",
@@ -120,13 +122,20 @@ def shape_sets(prob: Problem) -> None:
     if missing:
         fail("shape-sets", f"shape_sets needs non-empty {', '.join(missing)} (valid: {', '.join(SHAPE_SETS)})")
     ranks = set()
+    fixed = prob.fixed_dims if isinstance(prob, RaggedShapes) else None
+    if fixed is not None and (type(fixed) is not int or fixed < 0):
+        fail("shape-sets", f"fixed_dims = {fixed!r}; the count of leading dims every ragged shape has (an int >= 0)")
     for key in SHAPE_SETS:
         for shape in prob.shape_sets[key]:
             if not isinstance(shape, tuple) or not shape or any(type(d) is not int or d < 1 for d in shape):
                 fail("shape-sets", f"shape_sets[{key!r}] holds {shape!r}; a shape is a tuple of positive ints")
+            if fixed is not None and len(shape) <= fixed:
+                fail("shape-sets", f"shape_sets[{key!r}] holds {shape!r}: a ragged shape has its {fixed} fixed dims "
+                                   f"and at least one more")
             ranks.add(len(shape))
-    if len(ranks) > 1:
-        fail("shape-sets", f"shapes of ranks {sorted(ranks)}: every shape of a problem has one rank")
+    if len(ranks) > 1 and fixed is None:
+        fail("shape-sets", f"shapes of ranks {sorted(ranks)}: every shape of a problem has one rank (or declare "
+                           f"`fixed_dims`, RaggedShapes, for shapes whose trailing dims vary)")
 
 
 def dtypes(prob: Problem) -> None:
