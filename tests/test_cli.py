@@ -102,7 +102,7 @@ def test_problems_lists_plugins(tmp_path):
 @pytest.mark.parametrize("overrides, needle", [
     (["-o", "serach.population=3"], "config key 'serach' is unknown"),
     (["-o", "search.population=many"], "config key 'search.population' must be an int, got 'many'"),
-    (["-o", "problem=layernorm"], "unknown problem 'layernorm'; installed: rmsnorm_bwd, rmsnorm_faults, rmsnorm_fwd"),
+    (["-o", "problem=layernorm"], "unknown problem 'layernorm'; installed: kda_fwd, rmsnorm_bwd, rmsnorm_faults, rmsnorm_fwd"),
     (["-o", "search.operators={warp_drive: {}}"], "unknown operator 'warp_drive'"),
     (["-o", "evaluator.kind=gpu"], "config key 'evaluator.kind' is 'gpu', but no GPU was found here"),
 ])

@@ -83,3 +83,26 @@ def test_bad_sequence_bounds_and_states_are_named(cu, why):
         kda.recurrent(p["q"], p["k"], p["v"], p["g"], p["beta"], cu_ok, initial_state=state[:1])
     with pytest.raises(ValueError, match="lengths"):
         kda.make_inputs([3, 0], 2, seed=0)
+
+
+def test_the_kda_plugin_passes_check_with_ragged_shapes(capsys):
+    """problems/kda_fwd.py: every plugin rule on the CPU (ragged shapes, launch limits on every shape, the reference
+    against reference_rows, the torch baseline, sampled genomes compiled for sm_90a)."""
+    from kernel_factory.evo.tools import cli
+    assert cli.main(["check", "kda_fwd", "--sample", "3", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().endswith("kda_fwd: ok") and "launch plans: " in out and "within CUDA's limits" in out
+    assert "compiled 3/3 genomes for sm_90a" in out
+
+
+def test_the_kda_launch_covers_every_sequence_head_and_column():
+    from kernel_factory.problems.kda_fwd import problem
+    from kernel_factory.evo.types import Case
+    case = Case((3, 70, 1, 17), "bfloat16")
+    inputs, outputs = problem.make_inputs(case, 0, "cpu"), problem.make_outputs(case, "cpu")
+    assert inputs["cu_seqlens"].tolist() == [0, 70, 71, 88] and outputs["o"].shape == (88, 3, 128)
+    assert outputs["final_state"].shape == (3, 3, 128, 128)
+    plan = problem.launch({"v_block": 32, "k_lanes": 8, "exp": "approx", "load": "nc"}, case, inputs, outputs)
+    assert plan.grid == (4, 3, 3) and plan.block == (256, 1, 1)
+    flash = [s for s in problem.shape_sets["benchmark"] if s[0] == 96]
+    assert len(flash) == 3 and all(sum(s[1:]) == 8192 for s in flash)

@@ -1,0 +1,100 @@
+"""KDA forward (Kimi Delta Attention, issue 31): the problem plugin. The math, FlashKDA's pre-processing and the
+inputs' statistics are in kda_reference.py; the kernel template is kernels/kda_fwd.cu.
+
+A shape is (heads, then each packed sequence's length): batch 1, sequences packed along the token axis and
+delimited by `cu_seqlens` (RaggedShapes). K = V = 128, bf16 inputs, an fp32 initial state per sequence; the outputs
+are o [T, H, V] (bf16) and the final state [N, H, K, V] (fp32). The first template is the recurrent form, token by
+token; the chunked forms (tensor-core products inside a chunk) are the next stage.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..evo.protocols import Launch, MissingBaseline
+from ..evo.types import Case, Gene, GeneSpace, GeneValue
+from ..kernels import templates
+from . import kda_reference as kda
+
+HEAD = 128   # K and V
+
+SPACE = GeneSpace(genes=(
+    Gene("v_block", (32, 64, 128), 64, doc="V columns per CTA (the grid has 128 / v_block slices per head)"),
+    Gene("k_lanes", (1, 2, 4, 8), 4, doc="threads per V column, each holding 128 / k_lanes state rows in registers"),
+    Gene("exp", ("approx", "precise"), "approx", kind="ptx",
+         doc="ex2.approx.ftz.f32 of x * log2(e) | expf, for the decay and the sigmoids"),
+    Gene("load", ("plain", "nc"), "nc", kind="ptx", doc="ld.global | ld.global.nc for the bf16 inputs"),
+))
+
+# FlashKDA's benchmark (T = 8192 packed: one sequence, six mixed lengths, eight of 1024; H 96 and 64) and FLA's
+# B4_T4096_H64; held out: other lengths and head counts, never searched.
+MIXED = (1300, 547, 2048, 963, 271, 3063)
+BENCHMARK = ((96, 8192), (96, *MIXED), (96, *(1024,) * 8), (64, 8192), (64, *MIXED), (64, *(1024,) * 8),
+             (64, 4096, 4096, 4096, 4096))
+CORRECTNESS = ((2, 5), (3, 1, 70, 17), (1, 130), (4, 64, 64))
+HELDOUT = ((48, 3000, 5192), (128, 2048, 2048, 2048, 2048), (32, 777, 100, 4000, 1))
+
+
+class KdaForward:
+    name = "kda_fwd"
+    version = "1"
+    description = ("Kimi Delta Attention forward (FlashKDA's pre-processing: L2-normalized q and k, sigmoid beta, "
+                   "the safe gate in [-5, 0)); packed sequences by cu_seqlens, K = V = 128, bf16 inputs, fp32 state.")
+    kernel_name = "kda_fwd"
+    space = SPACE
+    dtypes = ("bfloat16",)
+    shape_sets = {"benchmark": BENCHMARK, "correctness": CORRECTNESS, "heldout": HELDOUT}
+    baselines = ("torch_eager",)
+    fixed_dims = 1          # RaggedShapes: heads, then the sequences' lengths
+    row_outputs = ()        # RowReference: a token's output depends on every token before it; compared whole
+    deterministic = True
+
+    def template(self) -> str:
+        return templates.read("kda_fwd.cu")
+
+    def bytes_moved(self, case: Case) -> int:
+        heads, lengths = case.shape[0], case.shape[1:]
+        tokens = sum(lengths) * heads
+        # q, k, v and g_raw in, o out (bf16); beta_raw; each sequence's state in and out (fp32)
+        return tokens * (5 * HEAD * 2 + 2) + 2 * len(lengths) * heads * HEAD * HEAD * 4
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        # o is bf16 (half an ulp: 2^-9 relative); the recurrence's fp32 sums over K and tokens add little beside it
+        return (2e-2, 2e-2)
+
+    def make_inputs(self, case: Case, seed: int, device: str) -> dict[str, Any]:
+        return kda.make_inputs(case.shape[1:], case.shape[0], seed, device)
+
+    def make_outputs(self, case: Case, device: str) -> dict[str, Any]:
+        import torch
+        heads, lengths = case.shape[0], case.shape[1:]
+        return {"o": torch.empty(sum(lengths), heads, HEAD, dtype=torch.bfloat16, device=device),
+                "final_state": torch.empty(len(lengths), heads, HEAD, HEAD, dtype=torch.float32, device=device)}
+
+    def reference(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return kda.reference(dict(inputs))
+
+    def reference_rows(self, inputs: Mapping[str, Any], rows: Any) -> dict[str, Any]:
+        return self.reference(inputs)
+
+    def launch(self, genes: Mapping[str, GeneValue], case: Case, inputs: Mapping[str, Any],
+               outputs: Mapping[str, Any]) -> Launch:
+        heads, sequences = case.shape[0], len(case.shape) - 1
+        block = int(genes["v_block"])
+        return Launch(grid=(HEAD // block, heads, sequences), block=(block * int(genes["k_lanes"]), 1, 1),
+                      shared_bytes=0,
+                      args=(inputs["q"], inputs["k"], inputs["v"], inputs["g_raw"], inputs["beta_raw"],
+                            inputs["A_log"], inputs["dt_bias"], inputs["cu_seqlens"], inputs["initial_state"],
+                            outputs["o"], outputs["final_state"], np.int32(heads), np.float32(HEAD ** -0.5)))
+
+    def expected_sass(self, genes: Mapping[str, GeneValue], dtype: str) -> list[tuple[str, bool, str]]:
+        return [("LDG.E.U16.CONSTANT", True, "load=nc is ld.global.nc")] if genes["load"] == "nc" else []
+
+    def baseline(self, name: str, case: Case, inputs: Mapping[str, Any]) -> Callable[[], Mapping[str, Any]]:
+        if name == "torch_eager":   # the chunked form in torch, fp32 (chunks of 64 tokens)
+            return lambda: kda.reference(dict(inputs))
+        raise MissingBaseline(f"unknown baseline {name!r}; this problem has {', '.join(self.baselines)}")
+
+
+problem = KdaForward()
