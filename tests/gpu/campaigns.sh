@@ -13,6 +13,8 @@
 #       against every peer but tuned QuACK (it tunes ~45 s a shape) and the op as shipped (before it may
 #       ship), then the forward's new rule held out
 #   whole (no carry; the host still warm): the GPU suite in one call, at one commit
+#   kda (no carry; after any stage that set the host up): the KDA forward's GPU tests, then its first search
+#       (configs/kda_fwd.yaml) against the chunked form in torch
 #   record (carry .gpu-a; a session of its own): configs/rmsnorm_fwd_fp16_record.yaml, the held-out recording of
 #       1398 genomes for the search-efficiency audit (issues 27 and 32); it resumes in a second call when cut
 # Earlier stages: panels (both campaigns learned again from their searches with the benchmark rows), bwd (the
@@ -21,7 +23,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh fwd6|bwdtests|rows|whole|fwd|suite|heldout|more|panels|bwd|record}"
+stage="${1:?usage: campaigns.sh fwd6|bwdtests|rows|whole|kda|fwd|suite|heldout|more|panels|bwd|record}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 FWD=h200-fwd-workload-5
@@ -100,6 +102,13 @@ whole)
   setup
   gpu_tests 560
   ;;
+kda)
+  setup
+  gpu_tests 200 tests/gpu/test_kda_fwd_gpu.py
+  timeout $(( 570 - SECONDS )) kernel-factory run configs/kda_fwd.yaml -o out_dir=/tmp/runs --run-id kda-fwd-1 \
+    > "$RES/kda-fwd-1.log" 2>&1; echo "exit $?" >> "$RES/kda-fwd-1.log"; tail -n 12 "$RES/kda-fwd-1.log"
+  gzip -c /tmp/runs/kda-fwd-1/journal.jsonl > "$RES/kda-fwd-1.journal.jsonl.gz" 2>/dev/null; pack > /dev/null
+  ;;
 fwd)
   export KF_PEERS=liger   # QuACK completes in call heldout; INT21 builds in the background meanwhile
   setup .gpu-a
@@ -153,6 +162,6 @@ record)   # carry .gpu-a, twice back to back if cut (it resumes): the held-out r
     --out /tmp/runs/recordings/rmsnorm_fwd-float16-sub.jsonl.gz > "$RES/record.log" 2>&1
   echo "exit $?" >> "$RES/record.log"; tail -n 5 "$RES/record.log"; cp /tmp/runs/recordings/* "$RES/"
   ;;
-*) echo "campaigns.sh: unknown stage $stage (fwd6, bwdtests, rows, whole, fwd, suite, heldout, more, panels, bwd or" \
-     "record)" >&2; exit 2 ;;
+*) echo "campaigns.sh: unknown stage $stage (fwd6, bwdtests, rows, whole, kda, fwd, suite, heldout, more, panels, bwd" \
+     "or record)" >&2; exit 2 ;;
 esac
