@@ -43,7 +43,7 @@ def fit(times: Mapping[str, Mapping[str, float]], depth: int = 4, min_leaf: int 
 
     Vectorized: one matrix of log slowdowns (case x genome), and every cut of a feature priced at once from the
     running sums of its cases sorted by that feature (a campaign's left-out learning fits one tree per case: at
-    `91` cases and `116` genomes the case-by-case sums took tens of minutes)."""
+    `91` cases and `58` genomes a dtype, case-by-case sums ran for more than ten minutes on a CPU)."""
     cases = sorted(c for c in times if times[c])
     if not cases:
         raise ValueError("no case has a measured genome: nothing to learn a dispatch from")
