@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+import os
+
 import numpy as np
 
-from ..evo.protocols import Launch, MissingBaseline
+from ..evo.protocols import Launch, MissingBaseline, Peer
 from ..evo.types import Case, Gene, GeneSpace, GeneValue
 from ..kernels import templates
 from . import kda_reference as kda
@@ -34,6 +36,10 @@ BENCHMARK = ((96, 8192), (96, *MIXED), (96, *(1024,) * 8), (64, 8192), (64, *MIX
              (64, 4096, 4096, 4096, 4096))
 CORRECTNESS = ((2, 5), (3, 1, 70, 17), (1, 130), (4, 64, 64))
 HELDOUT = ((48, 3000, 5192), (128, 2048, 2048, 2048, 2048), (32, 777, 100, 4000, 1))
+# FLA's chunk_kda (Triton) with FlashKDA's pre-processing inside the call, and its own FlashKDA backend switched off
+# (FLA_FLASH_KDA=0, as issue 31 asks): the wheels fla-core, flash-linear-attention and einops go to an offline host in
+# a carry folder (docs/gpu-host.md).
+PEERS = (Peer("fla", "FLA chunk_kda", "fla.ops.kda"), Peer("torch_eager", "torch chunked"))
 
 
 class KdaForward:
@@ -45,7 +51,9 @@ class KdaForward:
     space = SPACE
     dtypes = ("bfloat16",)
     shape_sets = {"benchmark": BENCHMARK, "correctness": CORRECTNESS, "heldout": HELDOUT}
-    baselines = ("torch_eager",)
+    baselines = ("torch_eager", "fla")
+    declared_peers = PEERS
+    peers = ("fla",)        # the best peer (torch's chunked form is a baseline, not a published kernel)
     fixed_dims = 1          # RaggedShapes: heads, then the sequences' lengths
     row_outputs = ()        # RowReference: a token's output depends on every token before it; compared whole
     deterministic = True
@@ -94,7 +102,29 @@ class KdaForward:
     def baseline(self, name: str, case: Case, inputs: Mapping[str, Any]) -> Callable[[], Mapping[str, Any]]:
         if name == "torch_eager":   # the chunked form in torch, fp32 (chunks of 64 tokens)
             return lambda: kda.reference(dict(inputs))
+        if name == "fla":
+            return _fla(inputs)
         raise MissingBaseline(f"unknown baseline {name!r}; this problem has {', '.join(self.baselines)}")
+
+
+def _fla(inputs: Mapping[str, Any]) -> Callable[[], Mapping[str, Any]]:
+    """FLA's chunk_kda on the raw inputs (batch 1, packed), FlashKDA's gate, norms and sigmoid computed inside it."""
+    os.environ.setdefault("FLA_FLASH_KDA", "0")
+    try:
+        from fla.ops.kda import chunk_kda
+    except ImportError as exc:
+        raise MissingBaseline(f"FLA is not installed here (fla-core: {exc})") from exc
+    q, k, v, g, beta = (inputs[n][None] for n in ("q", "k", "v", "g_raw", "beta_raw"))
+    cu = inputs["cu_seqlens"].long()
+    dt_bias = inputs["dt_bias"].reshape(-1)
+
+    def call() -> Mapping[str, Any]:
+        o, state = chunk_kda(q, k, v, g, beta, scale=HEAD ** -0.5, initial_state=inputs["initial_state"],
+                             output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                             use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=kda.LOWER,
+                             A_log=inputs["A_log"], dt_bias=dt_bias, cu_seqlens=cu)
+        return {"o": o[0], "final_state": state}
+    return call
 
 
 problem = KdaForward()

@@ -106,3 +106,18 @@ def test_the_kda_launch_covers_every_sequence_head_and_column():
     assert plan.grid == (4, 3, 3) and plan.block == (256, 1, 1)
     flash = [s for s in problem.shape_sets["benchmark"] if s[0] == 96]
     assert len(flash) == 3 and all(sum(s[1:]) == 8192 for s in flash)
+
+
+def test_the_fla_peer_is_declared_and_missing_is_a_clear_error(monkeypatch):
+    import sys
+
+    from kernel_factory.evo.protocols import MissingBaseline
+    from kernel_factory.evo.types import Case
+    from kernel_factory.problems.kda_fwd import problem
+    assert [p.baseline for p in problem.declared_peers] == ["fla", "torch_eager"] and problem.peers == ("fla",)
+    monkeypatch.setitem(sys.modules, "fla", None)   # as on a machine without FLA
+    case = Case((2, 5), "bfloat16")
+    with pytest.raises(MissingBaseline, match="FLA is not installed here"):
+        problem.baseline("fla", case, problem.make_inputs(case, 0, "cpu"))
+    with pytest.raises(MissingBaseline, match="unknown baseline 'flashkda'; this problem has torch_eager, fla"):
+        problem.baseline("flashkda", case, {})

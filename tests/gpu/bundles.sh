@@ -7,7 +7,7 @@
 #   tests/gpu/bundles.sh
 # Writes (all git-ignored):
 #   .gpu-a/  every wheel of .whl and .whl-baselines except the large cutlass CUDA-toolkit flavour
-#   .gpu-b/  that flavour's first half   (NAME.whl.part-1-of-2)
+#   .gpu-b/  that flavour's first half   (NAME.whl.part-1-of-2), and .whl-kda's wheels (FLA, for kda_fwd)
 #   .gpu-c/  its second half             (NAME.whl.part-2-of-2)
 # On the host, `source tests/gpu/host_setup.sh .gpu-a` (then .gpu-b, then .gpu-c, one device call each, back to
 # back) collects them in /tmp, joins the parts once all have arrived, and installs; .gpu-c completes QuACK.
@@ -41,6 +41,10 @@ for w in "${big[@]}"; do
   tail -c +$(( half + 1 )) "$w" > ".gpu-c/$name.part-2-of-2"
   sha256sum "$w" | awk -v n="$name" '{print $1 "  " n}' | tee .gpu-b/SHA256SUMS > .gpu-c/SHA256SUMS
   rm -f "$w"
+done
+# the KDA forward's peer (FLA, small wheels) rides in .gpu-b, which has room beside its half of the large wheel
+for w in .whl-kda/*.whl; do
+  [ -e "$w" ] && cp "$w" .gpu-b/
 done
 for d in .gpu-a .gpu-b .gpu-c; do
   bytes=$(du -cb "$d" | tail -1 | cut -f1)

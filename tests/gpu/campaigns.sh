@@ -13,8 +13,8 @@
 #       against every peer but tuned QuACK (it tunes ~45 s a shape) and the op as shipped (before it may
 #       ship), then the forward's new rule held out
 #   whole (no carry; the host still warm): the GPU suite in one call, at one commit
-#   kda (no carry; after any stage that set the host up): the KDA forward's GPU tests, then its first search
-#       (configs/kda_fwd.yaml) against the chunked form in torch
+#   kda (no carry; after bwdtests, whose .gpu-b brings FLA's wheels): the KDA forward's GPU tests (FLA's
+#       chunk_kda against the reference too), then its first search (configs/kda_fwd.yaml)
 #   record (carry .gpu-a; a session of its own): configs/rmsnorm_fwd_fp16_record.yaml, the held-out recording of
 #       1398 genomes for the search-efficiency audit (issues 27 and 32); it resumes in a second call when cut
 # Earlier stages: panels (both campaigns learned again from their searches with the benchmark rows), bwd (the

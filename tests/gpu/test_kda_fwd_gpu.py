@@ -39,3 +39,14 @@ def test_every_genome_passes_the_gate(tmp_path):
            for g, r in zip(genomes, results) if r.status is not Status.OK]
     assert not bad, bad
     assert all(set(r.times_us) == {c.key for c in cases} for r in results)
+
+
+def test_the_fla_peer_computes_the_op():
+    """FLA's chunk_kda, called as the peer calls it (FlashKDA's gate, norms and sigmoid inside the call), gives the
+    reference's outputs: the peer times the same op."""
+    import torch
+    case = Case((4, 300, 1, 77), "bfloat16")
+    inputs = problem.make_inputs(case, 5, "cuda")
+    want, got = problem.reference(inputs), problem.baseline("fla", case, inputs)()
+    for name in ("o", "final_state"):
+        torch.testing.assert_close(got[name].float(), want[name], rtol=2e-2, atol=2e-2)
