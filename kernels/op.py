@@ -74,7 +74,8 @@ def spec_of(problem: str, data: Mapping[str, Any]) -> OpSpec:
     if other is not None:
         raise OpError(f"the recipes of {next(iter(sections))} and {other} declare other ops; every kernel of a "
                       "table must take and give the same tensors")
-    return OpSpec(problem, tuple(first["inputs"]), tuple(first["outputs"].items()),
+    order = first.get("returns", list(first["outputs"]))
+    return OpSpec(problem, tuple(first["inputs"]), tuple((name, first["outputs"][name]) for name in order),
                   tuple(first.get("scalars", {}).items()))
 
 

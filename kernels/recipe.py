@@ -9,6 +9,7 @@ same plan. It is plain JSON (docs/adding-a-problem.md, "The launch recipe", has 
      "steps":   [{"kernel": "entry", "grid": DIM, "block": DIM, "cluster": DIM, "smem": EXPR,
                   "args": [[KIND, "x" or EXPR], ...], "when": EXPR}, ...],
      "op":      {"inputs": ["x", ...], "outputs": {"y": {"like": "x"} or {"dtype": D, "shape": [EXPR, ...]}},
+                 "returns": ["y", ...],             the outputs' order (needed for two or more)
                  "scalars": {"eps": 1e-6}}}         optional: what a generic library op needs (kernels/op.py)
 
 An EXPR is a number, a name or a list [OP, EXPR, ...] with OP one of OPS or a tensor query. Names: M and N (N is the
@@ -290,8 +291,11 @@ def op_problems(recipe: Mapping[str, Any]) -> list[str]:
     if not isinstance(op, Mapping) or not isinstance(op.get("inputs"), list) or not op["inputs"] \
             or not isinstance(op.get("outputs"), Mapping) or not op["outputs"]:
         return ["op: needs a non-empty list of inputs and a non-empty mapping of outputs"]
-    problems = [f"op: unknown key {k!r} (inputs, outputs, scalars)" for k in op if k not in
-                ("inputs", "outputs", "scalars")]
+    problems = [f"op: unknown key {k!r} (inputs, outputs, returns, scalars)" for k in op if k not in
+                ("inputs", "outputs", "returns", "scalars")]
+    if len(op["outputs"]) > 1 and sorted(op.get("returns", ())) != sorted(op["outputs"]):
+        problems.append(f"op: outputs {', '.join(op['outputs'])} need 'returns', the order the op gives them in, "
+                        f"each once (a JSON mapping's order does not survive export)")
     known = set(op["inputs"]) | set(op["outputs"]) | set(recipe.get("buffers", {}))
     for name, spec in op["outputs"].items():
         if "like" in spec:

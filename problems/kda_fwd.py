@@ -12,9 +12,7 @@ from typing import Any, Callable, Mapping
 
 import os
 
-import numpy as np
-
-from ..evo.protocols import Launch, MissingBaseline, Peer
+from ..evo.protocols import Launch, MissingBaseline, Peer, launch_from_recipe
 from ..evo.types import Case, Gene, GeneSpace, GeneValue
 from ..kernels import templates
 from . import kda_reference as kda
@@ -36,6 +34,7 @@ BENCHMARK = ((96, 8192), (96, *MIXED), (96, *(1024,) * 8), (64, 8192), (64, *MIX
              (64, 4096, 4096, 4096, 4096))
 CORRECTNESS = ((2, 5), (3, 1, 70, 17), (1, 130), (4, 64, 64))
 HELDOUT = ((48, 3000, 5192), (128, 2048, 2048, 2048, 2048), (32, 777, 100, 4000, 1))
+INPUTS = ("q", "k", "v", "g_raw", "beta_raw", "A_log", "dt_bias", "cu_seqlens", "initial_state")   # the op's order
 # FLA's chunk_kda (Triton) with FlashKDA's pre-processing inside the call, and its own FlashKDA backend switched off
 # (FLA_FLASH_KDA=0, as issue 31 asks): the wheels fla-core, flash-linear-attention and einops go to an offline host in
 # a carry folder (docs/gpu-host.md).
@@ -86,15 +85,23 @@ class KdaForward:
     def reference_rows(self, inputs: Mapping[str, Any], rows: Any) -> dict[str, Any]:
         return self.reference(inputs)
 
-    def launch(self, genes: Mapping[str, GeneValue], case: Case, inputs: Mapping[str, Any],
-               outputs: Mapping[str, Any]) -> Launch:
-        heads, sequences = case.shape[0], len(case.shape) - 1
+    def recipe(self, genes: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
+        """One CTA per (V slice, head, sequence), the sizes read off the tensors (heads from q, sequences from
+        cu_seqlens); the op section: the raw inputs in, o like v and the final state like the initial state out."""
         block = int(genes["v_block"])
-        return Launch(grid=(HEAD // block, heads, sequences), block=(block * int(genes["k_lanes"]), 1, 1),
-                      shared_bytes=0,
-                      args=(inputs["q"], inputs["k"], inputs["v"], inputs["g_raw"], inputs["beta_raw"],
-                            inputs["A_log"], inputs["dt_bias"], inputs["cu_seqlens"], inputs["initial_state"],
-                            outputs["o"], outputs["final_state"], np.int32(heads), np.float32(HEAD ** -0.5)))
+        return {"let": [["heads", ["size", "q", 1]], ["sequences", ["sub", ["size", "cu_seqlens", 0], 1]]],
+                "steps": [{"kernel": self.kernel_name,
+                           "grid": {"x": HEAD // block, "y": "heads", "z": "sequences"},
+                           "block": {"x": block * int(genes["k_lanes"])},
+                           "args": [*(["ptr", name] for name in (*INPUTS, "o", "final_state")),
+                                    ["i32", "heads"], ["f32", HEAD ** -0.5]]}],
+                "op": {"inputs": list(INPUTS),
+                       "outputs": {"o": {"like": "v"}, "final_state": {"like": "initial_state"}},
+                       "returns": ["o", "final_state"]}}
+
+    def launch(self, genes: Mapping[str, GeneValue], case: Case, inputs: Mapping[str, Any],
+               outputs: Mapping[str, Any]) -> tuple[Launch, ...]:
+        return launch_from_recipe(self.recipe(genes, case.dtype), case, {**inputs, **outputs})
 
     def expected_sass(self, genes: Mapping[str, GeneValue], dtype: str) -> list[tuple[str, bool, str]]:
         return [("LDG.E.U16.CONSTANT", True, "load=nc is ld.global.nc")] if genes["load"] == "nc" else []

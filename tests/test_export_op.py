@@ -123,8 +123,8 @@ def _table(tmp_path, name, recipe):
 def test_an_op_of_several_outputs_and_a_scalar(tmp_path):
     """Outputs like an input or of a dtype and a shape (recipe expressions), and a scalar with its default: the
     schema, the fake implementation and the CPU path follow the recipe's op section."""
-    recipe = _recipe(inputs=["x"], outputs={"y": {"like": "x"}, "rstd": {"dtype": "float32", "shape": ["M"]}},
-                     scalars={"eps": 1e-6})
+    recipe = _recipe(inputs=["x"], outputs={"rstd": {"dtype": "float32", "shape": ["M"]}, "y": {"like": "x"}},
+                     returns=["y", "rstd"], scalars={"eps": 1e-6})
 
     def reference(inputs, eps=1e-6):
         x = inputs["x"].float().reshape(-1, inputs["x"].shape[-1])
@@ -146,6 +146,7 @@ def test_an_op_of_several_outputs_and_a_scalar(tmp_path):
     ({"steps": [{"kernel": "k", "grid": 1, "block": 32, "args": [["ptr", "x"]]}]}, "has no 'op' section"),
     (_recipe(inputs=["x"], outputs={"y": {"like": "z"}}), "output 'y' is like 'z', which is not an input"),
     (_recipe(inputs=["x"], outputs={"y": {"like": "x"}}), "tensor 'rstd' is neither an op input, an op output nor"),
+    (_recipe(inputs=["x"], outputs={"y": {"like": "x"}, "rstd": {"like": "x"}}), "outputs y, rstd need 'returns'"),
 ])
 def test_what_keeps_a_table_from_an_op_is_named(tmp_path, recipe, says):
     with pytest.raises(op.OpError, match=says):

@@ -102,8 +102,11 @@ def test_the_kda_launch_covers_every_sequence_head_and_column():
     inputs, outputs = problem.make_inputs(case, 0, "cpu"), problem.make_outputs(case, "cpu")
     assert inputs["cu_seqlens"].tolist() == [0, 70, 71, 88] and outputs["o"].shape == (88, 3, 128)
     assert outputs["final_state"].shape == (3, 3, 128, 128)
-    plan = problem.launch({"v_block": 32, "k_lanes": 8, "exp": "approx", "load": "nc"}, case, inputs, outputs)
+    (plan,) = problem.launch({"v_block": 32, "k_lanes": 8, "exp": "approx", "load": "nc"}, case, inputs, outputs)
     assert plan.grid == (4, 3, 3) and plan.block == (256, 1, 1)
+    assert plan.args[:9] == tuple(inputs[n] for n in ("q", "k", "v", "g_raw", "beta_raw", "A_log", "dt_bias",
+                                                      "cu_seqlens", "initial_state"))
+    assert plan.args[9] is outputs["o"] and plan.args[10] is outputs["final_state"] and plan.args[11] == 3
     flash = [s for s in problem.shape_sets["benchmark"] if s[0] == 96]
     assert len(flash) == 3 and all(sum(s[1:]) == 8192 for s in flash)
 
@@ -121,3 +124,34 @@ def test_the_fla_peer_is_declared_and_missing_is_a_clear_error(monkeypatch):
         problem.baseline("fla", case, problem.make_inputs(case, 0, "cpu"))
     with pytest.raises(MissingBaseline, match="unknown baseline 'flashkda'; this problem has torch_eager, fla"):
         problem.baseline("flashkda", case, {})
+
+
+def test_the_kda_op_is_exported_and_runs_its_reference_on_the_cpu(tmp_path):
+    """`kernel-factory export --problem kda_fwd REC --build`: a torch.library op over the raw inputs, o and the final
+    state out; on the CPU it runs the reference, and its fake implementation passes opcheck."""
+    import subprocess
+    import sys
+
+    from plugin_recordings import synthetic_recording
+
+    from kernel_factory.kernels import op
+    from kernel_factory.problems.kda_fwd import problem
+    rec = synthetic_recording(tmp_path / "kda.jsonl.gz", problem, dtypes=("bfloat16",))
+    out = subprocess.run([sys.executable, "-m", "kernel_factory.evo.tools.cli", "export", "--problem", "kda_fwd",
+                          str(rec), "--build", "--out", str(tmp_path / "ops" / "kda_fwd.json")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "torch.ops.kernel_factory.kda_fwd(q, k, v, g_raw, beta_raw, A_log, dt_bias, cu_seqlens, " \
+           "initial_state) -> o, final_state" in out.stdout
+    kda_op = op.load("kda_fwd", tmp_path / "ops" / "kda_fwd.json", reference=problem.reference)
+    from kernel_factory.evo.types import Case
+    inputs = problem.make_inputs(Case((2, 9, 30), "bfloat16"), 4, "cpu")
+    args = [inputs[n] for n in ("q", "k", "v", "g_raw", "beta_raw", "A_log", "dt_bias", "cu_seqlens",
+                                "initial_state")]
+    with pytest.warns(RuntimeWarning, match="runs its torch reference"):
+        o, state = kda_op(*args)
+    want = problem.reference(inputs)
+    assert o.dtype == torch.bfloat16 and state.dtype == torch.float32
+    torch.testing.assert_close(o.float(), want["o"], atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(state, want["final_state"])
+    torch.library.opcheck(torch.ops.kernel_factory.kda_fwd.default, tuple(args))

@@ -25,6 +25,7 @@ def three_d() -> dict:
                       {"kernel": "finish", "grid": ["size", "x", 0], "block": 32, "when": ["gt", "tiles", 1],
                        "args": [["ptr", "partial"], ["ptr", "z"], ["i32", "tiles"]]}],
             "op": {"inputs": ["x"], "outputs": {"y": {"like": "x"}, "z": {"dtype": "float32", "shape": ["M"]}},
+                   "returns": ["y", "z"],
                    "scalars": {"eps": 1e-5}}}
 
 
