@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Baselines that problems load only when installed (each says what it needs), Kernel Tuner (bench/test extras), Ray
 # (the `ray` extra) and playwright (the screenshots tool: the `test` extra, it says so when missing).
-OPTIONAL_PEERS = {"liger_kernel", "rmsnorm", "kernel_tuner", "quack", "ray", "playwright"}
+OPTIONAL_PEERS = {"liger_kernel", "rmsnorm", "kernel_tuner", "quack", "ray", "playwright", "fla"}
 
 
 def name(requirement: str) -> str:
