@@ -8,9 +8,8 @@ token; the chunked forms (tensor-core products inside a chunk) are the next stag
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
-
 import os
+from typing import Any, Callable, Mapping
 
 from ..evo.protocols import Launch, MissingBaseline, Peer, launch_from_recipe
 from ..evo.types import Case, Gene, GeneSpace, GeneValue
