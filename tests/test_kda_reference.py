@@ -3,10 +3,19 @@ recurrence that defines the op, packed sequences independent of each other, Flas
 write-then-read property, on fresh random inputs in float64."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
+from plugin_recordings import synthetic_recording
 
+from kernel_factory.evo.protocols import MissingBaseline
+from kernel_factory.evo.tools import cli
+from kernel_factory.evo.types import Case
+from kernel_factory.kernels import op
 from kernel_factory.problems import kda_reference as kda
+from kernel_factory.problems.kda_fwd import problem
 
 
 def _prepared(lengths, heads=3, head=16, seed=0, initial=True):
@@ -88,7 +97,6 @@ def test_bad_sequence_bounds_and_states_are_named(cu, why):
 def test_the_kda_plugin_passes_check_with_ragged_shapes(capsys):
     """problems/kda_fwd.py: every plugin rule on the CPU (ragged shapes, launch limits on every shape, the reference
     against reference_rows, the torch baseline, sampled genomes compiled for sm_90a)."""
-    from kernel_factory.evo.tools import cli
     assert cli.main(["check", "kda_fwd", "--sample", "3", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     assert out.strip().endswith("kda_fwd: ok") and "launch plans: " in out and "within CUDA's limits" in out
@@ -96,8 +104,6 @@ def test_the_kda_plugin_passes_check_with_ragged_shapes(capsys):
 
 
 def test_the_kda_launch_covers_every_sequence_head_and_column():
-    from kernel_factory.problems.kda_fwd import problem
-    from kernel_factory.evo.types import Case
     case = Case((3, 70, 1, 17), "bfloat16")
     inputs, outputs = problem.make_inputs(case, 0, "cpu"), problem.make_outputs(case, "cpu")
     assert inputs["cu_seqlens"].tolist() == [0, 70, 71, 88] and outputs["o"].shape == (88, 3, 128)
@@ -112,11 +118,6 @@ def test_the_kda_launch_covers_every_sequence_head_and_column():
 
 
 def test_the_fla_peer_is_declared_and_missing_is_a_clear_error(monkeypatch):
-    import sys
-
-    from kernel_factory.evo.protocols import MissingBaseline
-    from kernel_factory.evo.types import Case
-    from kernel_factory.problems.kda_fwd import problem
     assert [p.baseline for p in problem.declared_peers] == ["fla", "torch_eager"] and problem.peers == ("fla",)
     monkeypatch.setitem(sys.modules, "fla", None)   # as on a machine without FLA
     case = Case((2, 5), "bfloat16")
@@ -129,13 +130,6 @@ def test_the_fla_peer_is_declared_and_missing_is_a_clear_error(monkeypatch):
 def test_the_kda_op_is_exported_and_runs_its_reference_on_the_cpu(tmp_path):
     """`kernel-factory export --problem kda_fwd REC --build`: a torch.library op over the raw inputs, o and the final
     state out; on the CPU it runs the reference, and its fake implementation passes opcheck."""
-    import subprocess
-    import sys
-
-    from plugin_recordings import synthetic_recording
-
-    from kernel_factory.kernels import op
-    from kernel_factory.problems.kda_fwd import problem
     rec = synthetic_recording(tmp_path / "kda.jsonl.gz", problem, dtypes=("bfloat16",))
     out = subprocess.run([sys.executable, "-m", "kernel_factory.evo.tools.cli", "export", "--problem", "kda_fwd",
                           str(rec), "--build", "--out", str(tmp_path / "ops" / "kda_fwd.json")],
@@ -144,7 +138,6 @@ def test_the_kda_op_is_exported_and_runs_its_reference_on_the_cpu(tmp_path):
     assert "torch.ops.kernel_factory.kda_fwd(q, k, v, g_raw, beta_raw, A_log, dt_bias, cu_seqlens, " \
            "initial_state) -> o, final_state" in out.stdout
     kda_op = op.load("kda_fwd", tmp_path / "ops" / "kda_fwd.json", reference=problem.reference)
-    from kernel_factory.evo.types import Case
     inputs = problem.make_inputs(Case((2, 9, 30), "bfloat16"), 4, "cpu")
     args = [inputs[n] for n in ("q", "k", "v", "g_raw", "beta_raw", "A_log", "dt_bias", "cu_seqlens",
                                 "initial_state")]
