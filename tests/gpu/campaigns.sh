@@ -8,12 +8,13 @@
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
 #       only; the 43 shapes per dtype h200-fwd-workload-5 timed keep its times (workload.panel_times_from)
-#   bwdtests (carry .gpu-b): the backward's GPU tests whole
+#   suiteb (carry .gpu-b): the whole GPU suite at this commit, KDA's included (FLA's wheels arrive with .gpu-b; no GPU
+#       test needs QuACK, which completes only with .gpu-c)
 #   rows (carry .gpu-c .int21 .campaigns/h200-bwd-workload-2): the backward's learned table on the benchmark rows
 #       against every peer but tuned QuACK (it tunes ~45 s a shape) and the op as shipped (before it may
 #       ship), then the forward's new rule held out
 #   whole (no carry; the host still warm): the GPU suite in one call, at one commit
-#   kda (no carry; after bwdtests, whose .gpu-b brings FLA's wheels): the KDA forward's GPU tests (FLA's
+#   kda (no carry; after suiteb, whose .gpu-b brings FLA's wheels): the KDA forward's GPU tests (FLA's
 #       chunk_kda against the reference too), then its first search (configs/kda_fwd.yaml)
 #   record (carry .gpu-a; a session of its own): configs/rmsnorm_fwd_fp16_record.yaml, the held-out recording of
 #       1398 genomes for the search-efficiency audit (issues 27 and 32); it resumes in a second call when cut
@@ -23,7 +24,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh fwd6|bwdtests|rows|whole|kda|fwd|suite|heldout|more|panels|bwd|record}"
+stage="${1:?usage: campaigns.sh fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|panels|bwd|record}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 FWD=h200-fwd-workload-5
@@ -76,15 +77,14 @@ fwd6)
   int21_build
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RES/gpu.txt"
   mkdir -p /tmp/runs && cp -r .campaigns/* /tmp/runs/
-  campaign configs/rmsnorm_fwd_workload.yaml "$FWD6" $(( 575 - SECONDS )) -o workload.train_more=48 \
+  campaign configs/rmsnorm_fwd_workload.yaml "$FWD6" $(( 530 - SECONDS )) -o workload.train_more=48 \
     -o "workload.searched_from=.campaigns/$FWD_SEARCHED" \
     -o "workload.panel_times_from=docs/results/workload/$FWD"
   ;;
-bwdtests)
+suiteb)
   export KF_PEERS=liger
   setup .gpu-b
-  gpu_tests 300 tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_bwd_small_gpu.py \
-    tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py
+  gpu_tests $(( 450 - SECONDS ))
   ;;
 rows)
   setup .gpu-c
@@ -96,7 +96,7 @@ rows)
     --baselines quack,int21,liger,torch_eager,factory_op \
     > "$RES/rows-$BWD.log" 2>&1; echo "exit $?" >> "$RES/rows-$BWD.log"
   tail -n 12 "$RES/rows-$BWD.log"; pack > /dev/null
-  heldout "$FWD6" $(( 580 - SECONDS ))
+  heldout "$FWD6" $(( 545 - SECONDS ))
   ;;
 whole)
   setup
@@ -162,6 +162,6 @@ record)   # carry .gpu-a, twice back to back if cut (it resumes): the held-out r
     --out /tmp/runs/recordings/rmsnorm_fwd-float16-sub.jsonl.gz > "$RES/record.log" 2>&1
   echo "exit $?" >> "$RES/record.log"; tail -n 5 "$RES/record.log"; cp /tmp/runs/recordings/* "$RES/"
   ;;
-*) echo "campaigns.sh: unknown stage $stage (fwd6, bwdtests, rows, whole, kda, fwd, suite, heldout, more, panels, bwd" \
+*) echo "campaigns.sh: unknown stage $stage (fwd6, suiteb, rows, whole, kda, fwd, suite, heldout, more, panels, bwd" \
      "or record)" >&2; exit 2 ;;
 esac
