@@ -4,27 +4,32 @@
 # tests/gpu/bundles.sh (QuACK installs whole only with the third, .gpu-c). Results are packed into
 # $OUT/campaigns-<stage>.tgz after every step; every step has its own timeout, and a bench cut short keeps its rows
 # (`kernel-factory heldout FOLDER --go-on` times only the cases it lacks).
-# The next session's calls:
+# The next session's calls (2026-12-04 evening), back to back:
+#   record (carry .gpu-a): configs/rmsnorm_fwd_fp16_record.yaml, the held-out recording of 1398 genomes for the
+#       search-efficiency audit (issues 27 and 32); cut by its limit, it resumes in suite2
+#   suite1 (carry .gpu-b): the GPU suite's first part (SUITE1: the bench, faults, evaluator, KDA and backward files);
+#       FLA's wheels arrive with .gpu-b, and no GPU test needs QuACK
+#   suite2 (carry .gpu-c .int21): the recording finished if it was cut, the suite's second part (the forward and op
+#       files), then KDA's first search (configs/kda_fwd.yaml) and its best genome against FLA's chunk_kda
+#   The two parts run at one commit: together they are every file of tests/gpu.
+# Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
-#       only; the 43 shapes per dtype h200-fwd-workload-5 timed keep its times (workload.panel_times_from)
-#   suiteb (carry .gpu-b): the whole GPU suite at this commit, KDA's included (FLA's wheels arrive with .gpu-b; no GPU
-#       test needs QuACK, which completes only with .gpu-c)
-#   rows (carry .gpu-c .int21 .campaigns/h200-bwd-workload-2): the backward's learned table on the benchmark rows
-#       against every peer but tuned QuACK (it tunes ~45 s a shape) and the op as shipped (before it may
-#       ship), then the forward's new rule held out
+#       only; the 43 shapes per dtype h200-fwd-workload-5 timed keep its times (workload.panel_times_from). It needs
+#       the bucket journals of h200-fwd-workload-3, which no committed folder holds (its 2026-12-04 try stopped at
+#       once: keep() packs them, but that folder was committed without them)
 #   whole (no carry; the host still warm): the GPU suite in one call, at one commit
-#   kda (no carry; after suiteb, whose .gpu-b brings FLA's wheels): the KDA forward's GPU tests (FLA's
-#       chunk_kda against the reference too), then its first search (configs/kda_fwd.yaml)
-#   record (carry .gpu-a; a session of its own): configs/rmsnorm_fwd_fp16_record.yaml, the held-out recording of
-#       1398 genomes for the search-efficiency audit (issues 27 and 32); it resumes in a second call when cut
+#   kda (no carry; after a call that carried .gpu-b, whose FLA wheels it needs): the KDA forward's GPU tests, then
+#       its first search
+# Ran on 2026-12-04 afternoon: suiteb (KDA's gate test took most of its limit), rows (the backward's table on the
+#   benchmark rows against every peer but tuned QuACK).
 # Earlier stages: panels (both campaigns learned again from their searches with the benchmark rows), bwd (the
 # backward alone, h200-bwd-workload-2); fwd, suite, heldout and more ran on 2026-12-03 at 20:05
 # (h200-fwd-workload-5). On 2026-12-03 the backward's fp32 panel first ran out of GPU memory (fixed: pools made on
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|panels|bwd|record}"
+stage="${1:?usage: campaigns.sh record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 FWD=h200-fwd-workload-5
@@ -32,6 +37,12 @@ FWD6=h200-fwd-workload-6
 BWD=h200-bwd-workload-2
 FWD_SEARCHED=h200-fwd-workload-3
 BWD_SEARCHED=h200-bwd-workload-1
+SUITE1="tests/gpu/test_bench_gpu.py tests/gpu/test_faults_gpu.py tests/gpu/test_gpu_evaluator.py
+  tests/gpu/test_kda_fwd_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_bwd_small_gpu.py
+  tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py"
+SUITE2="tests/gpu/test_rmsnorm_fwd_subwarp_gpu.py tests/gpu/test_rmsnorm_fwd_tail_gpu.py
+  tests/gpu/test_rmsnorm_fwd_wide_gpu.py tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_silu_mul_op_gpu.py"
+RECORDING=/tmp/runs/recordings/rmsnorm_fwd-float16-sub.jsonl.gz
 mkdir -p "$RES"
 pack() { tar czf "$OUT/campaigns-$stage.tgz" -C "$RES" . ; ls -la "$OUT"; }
 trap pack EXIT
@@ -67,8 +78,24 @@ gpu_tests() {   # SECONDS PYTEST ARGS...: tests/gpu/run.sh, its log and junit in
   local secs="$1"; shift
   # -vv: each test's name and outcome as it ends (run.sh's -q leaves one level), so a run cut by its limit still
   # names its failures (the 2026-12-03 suite was cut before pytest's summary)
-  OUT="$RES/gpu-tests" timeout "$secs" bash tests/gpu/run.sh -vv "$@" > "$RES/gpu-tests.log" 2>&1
+  OUT="$RES/gpu-tests" timeout "$secs" bash tests/gpu/run.sh -vv --durations=20 "$@" > "$RES/gpu-tests.log" 2>&1
   echo "exit $?" >> "$RES/gpu-tests.log"; tail -n 15 "$RES/gpu-tests.log"; pack > /dev/null
+}
+recording() {   # SECONDS: configs/rmsnorm_fwd_fp16_record.yaml into $RECORDING (a cut one resumes), then into $RES
+  mkdir -p /tmp/runs/recordings
+  echo "record: $1 s from $SECONDS s"
+  timeout "$1" kernel-factory record configs/rmsnorm_fwd_fp16_record.yaml --out "$RECORDING" >> "$RES/record.log" 2>&1
+  echo "exit $?" >> "$RES/record.log"; tail -n 3 "$RES/record.log"; cp /tmp/runs/recordings/* "$RES/"; pack > /dev/null
+}
+kda_search() {   # SECONDS: KDA's first search, then its best genome against FLA's chunk_kda on the benchmark shapes
+  local end=$(( SECONDS + $1 ))
+  timeout $(( end - SECONDS - 120 )) kernel-factory run configs/kda_fwd.yaml -o out_dir=/tmp/runs --run-id kda-fwd-1 \
+    > "$RES/kda-fwd-1.log" 2>&1; echo "exit $?" >> "$RES/kda-fwd-1.log"; tail -n 6 "$RES/kda-fwd-1.log"
+  gzip -c /tmp/runs/kda-fwd-1/journal.jsonl > "$RES/kda-fwd-1.journal.jsonl.gz" 2>/dev/null; pack > /dev/null
+  timeout $(( end - SECONDS )) kernel-factory bench --problem kda_fwd --run /tmp/runs/kda-fwd-1/journal.jsonl \
+    --shapes benchmark --baselines fla,torch_eager --reps 10 --out "$RES/kda-bench" --stem kda-fwd-1 \
+    > "$RES/kda-bench.log" 2>&1; echo "exit $?" >> "$RES/kda-bench.log"; tail -n 14 "$RES/kda-bench.log"
+  pack > /dev/null
 }
 case "$stage" in
 fwd6)
@@ -154,14 +181,25 @@ bwd)
   campaign configs/rmsnorm_bwd_workload.yaml "$BWD" $(( 575 - SECONDS )) \
     -o "workload.searched_from=.campaigns/$BWD_SEARCHED"
   ;;
-record)   # carry .gpu-a, twice back to back if cut (it resumes): the held-out recording for the efficiency audit
+record)   # carry .gpu-a: the held-out recording for the efficiency audit; suite2 finishes it if it is cut
   export KF_PEERS=liger
   setup .gpu-a
-  mkdir -p /tmp/runs/recordings
-  timeout 560 kernel-factory record configs/rmsnorm_fwd_fp16_record.yaml \
-    --out /tmp/runs/recordings/rmsnorm_fwd-float16-sub.jsonl.gz > "$RES/record.log" 2>&1
-  echo "exit $?" >> "$RES/record.log"; tail -n 5 "$RES/record.log"; cp /tmp/runs/recordings/* "$RES/"
+  recording $(( 570 - SECONDS ))
   ;;
-*) echo "campaigns.sh: unknown stage $stage (fwd6, suiteb, rows, whole, kda, fwd, suite, heldout, more, panels, bwd" \
-     "or record)" >&2; exit 2 ;;
+suite1)
+  export KF_PEERS=liger
+  setup .gpu-b
+  # shellcheck disable=SC2086  # a list of test files
+  gpu_tests $(( 560 - SECONDS )) $SUITE1
+  ;;
+suite2)
+  setup .gpu-c
+  [ -f "$RECORDING" ] || recording 150
+  # shellcheck disable=SC2086
+  gpu_tests $(( 400 - SECONDS )) $SUITE2
+  cp "$RES/gpu-tests.log" "$RES/gpu-tests-suite2.log"
+  kda_search $(( 575 - SECONDS ))
+  ;;
+*) echo "campaigns.sh: unknown stage $stage (record, suite1, suite2, fwd6, suiteb, rows, whole, kda, fwd, suite," \
+     "heldout, more, panels or bwd)" >&2; exit 2 ;;
 esac

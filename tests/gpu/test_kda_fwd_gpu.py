@@ -28,7 +28,10 @@ def test_the_chunked_reference_is_the_recurrence_at_head_size_128():
 def test_every_genome_passes_the_gate(tmp_path):
     from kernel_factory.evo.evaluate.gpu import GpuEvaluator
     cases = [Case(s, "bfloat16") for s in (*CORRECTNESS, (6, 1000, 333, 2))]
-    ev = GpuEvaluator(problem, cases, "torch_eager", 0, str(tmp_path), compile_workers=4)
+    # The gate is the point here: a few timing samples each (the baseline, the chunked form in torch, timed once), so
+    # that 48 genomes take about a minute rather than the four a search's timing settings took (2026-12-04).
+    ev = GpuEvaluator(problem, cases, "torch_eager", 0, str(tmp_path), compile_workers=8, min_reps=2, max_reps=3,
+                      target_ms=0.1, baseline_every_s=0)
     try:
         genomes = [Genome.of(g) for g in problem.space.enumerate()]
         results = ev.evaluate([Candidate(g, operator="test") for g in genomes])
