@@ -42,8 +42,9 @@ class Clock:
     """A simulated GPU for the timer: an eager call costs its host overhead (the GPU idles between the events
     while the host enqueues) plus its kernel; a graph replay costs the kernel alone."""
 
-    def __init__(self, kernel_us: float, host_us: list[float]):
+    def __init__(self, kernel_us: float, host_us: list[float], capturable: bool = True):
         self.now, self.kernel_us, self.host_us, self.capturing = 0.0, kernel_us, list(host_us), False
+        self.capturable = capturable
         clock = self
 
         class Event:
@@ -68,6 +69,8 @@ class Clock:
                 pass
 
             def __enter__(self):
+                if not clock.capturable:
+                    raise RuntimeError("operation not permitted when stream is capturing")
                 clock.capturing = True
 
             def __exit__(self, *exc):
@@ -94,9 +97,19 @@ def test_one_slow_host_call_does_not_decide_how_a_call_is_timed():
     """A 5 us kernel whose first estimate met a 90 us host stall: the least of a few estimates says short."""
     clock = Clock(5.0, host_us=[90.0, 2.0, 3.0])
     assert timer_on(clock, 30.0).is_short(clock.call)
-    stalled = Clock(5.0, host_us=[90.0, 80.0, 70.0])
-    assert not timer_on(stalled, 30.0).is_short(stalled.call), "a host path slow every time is not short"
     assert not timer_on(clock, 0.0).is_short(clock.call), "graph_below_us = 0 disables graphs"
+
+
+def test_a_slow_host_path_before_a_short_kernel_is_short():
+    """A host path slow every time (torch.compile's guards) before a 5 us kernel: its graph replay decides, so the
+    call is timed as replays like every candidate on its case; a call that cannot be captured stays eager, and a
+    long kernel is long however it is launched."""
+    stalled = Clock(5.0, host_us=[90.0, 80.0, 70.0])
+    assert timer_on(stalled, 30.0).is_short(stalled.call)
+    uncapturable = Clock(5.0, host_us=[90.0, 80.0, 70.0], capturable=False)
+    assert not timer_on(uncapturable, 30.0).is_short(uncapturable.call)
+    long_kernel = Clock(200.0, host_us=[1.0] * 10)
+    assert not timer_on(long_kernel, 30.0).is_short(long_kernel.call)
 
 
 def test_a_decided_way_of_timing_holds_whatever_the_estimate():

@@ -58,6 +58,7 @@ class GpuEvaluator:
         self.max_reps, self.finalist_reps = max_reps, finalist_reps
         self.want_sass = isinstance(problem, ExpectedSass)
         known_good = self.known_good()
+        self.baseline_us: dict[str, float] = {}   # measured at setup (deadlines before then: rooflines alone)
         self.worker = self.start_workers({
             "op": "setup", "problem": problem.name, "baseline": baseline, "check_seeds": check_seeds,
             "bench_cases": [c.key for c in self.cases],
@@ -67,7 +68,7 @@ class GpuEvaluator:
             "known_good": known_good, "baseline_every_s": baseline_every_s, "paired": bool(paired),
         })
         ready = self.worker.ready
-        self.baseline_us: dict[str, float] = ready["baseline_us"]
+        self.baseline_us = dict(ready["baseline_us"])
         self.baselines = BaselineLog(ready["baseline_us"], ready.get("baseline_host_bound", ()))
         self.copy_gbps: float = ready["copy_gbps"]
         fp = {**ready["fingerprint"], "copy_gbps": f"{self.copy_gbps:.0f}", "baseline": baseline}
@@ -99,8 +100,12 @@ class GpuEvaluator:
         return {dt: outs[j.key].cubin for dt, j in zip(self.dtypes, jobs)}
 
     def deadline_s(self, reps: int | None = None) -> float:
-        roofline_s = sum(self.problem.bytes_moved(c) / (ROOFLINE_GBPS * 1e9) for c in self.cases)
-        return self.timeout_floor_s + DEADLINE_FACTOR * roofline_s * ((reps or self.max_reps) + 8)
+        """How long one request may take before its worker counts as hung: per case the longer of the memory
+        roofline and the baseline's measured time (a latency-bound kernel, as KDA's recurrent one, is far from
+        any roofline: its candidates timed out at a roofline deadline, 2026-12-04), for every repetition."""
+        per_case_s = sum(max(self.problem.bytes_moved(c) / (ROOFLINE_GBPS * 1e9),
+                             self.baseline_us.get(c.key, 0.0) * 1e-6) for c in self.cases)
+        return self.timeout_floor_s + DEADLINE_FACTOR * per_case_s * ((reps or self.max_reps) + 8)
 
     def _jobs(self, cand: Candidate) -> list[CompileJob]:
         jobs = []

@@ -56,6 +56,14 @@ def _lines(path: Path) -> Iterator[dict[str, Any]]:
                     return   # a torn last line of an interrupted partial file
 
 
+def header(path: str | Path) -> dict[str, Any]:
+    """A recording's header alone (its problem, cases, space and machine), without reading its entries."""
+    first = next(_lines(Path(path)), None)
+    if not first or first.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a kernel-factory recording (expected format {FORMAT})")
+    return first
+
+
 def partial_path(final: str | Path) -> Path:
     """Where a recording bound for `final` keeps its results until it finishes."""
     final = Path(final)

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from .. import build, config
 from ..loop import evolve
+from ..evaluate import recording
 from ..evaluate.replay import ReplayError, ReplayEvaluator
 from ..history import History, Record
 from ..protocols import GenerationStats, RunInfo, RunSummary
@@ -138,8 +139,23 @@ def run_config(source: Source, seed: int, search: Mapping[str, Any], budget: int
     # generations = budget never binds first: every generation evaluates at least one new genome
     problem, dtype, path, base = source
     return config.parse({"problem": problem, "dtypes": [dtype], "seed": seed, "observers": [],
+                         "shapes": recorded_shapes(path, dtype),
                          "evaluator": {"kind": "replay", "replay": {"recording": path}},
                          "search": {**dict(base), **search, "generations": budget, "max_evaluations": budget}})
+
+
+@lru_cache(maxsize=4)
+def recorded_shapes(path: str, dtype: str) -> str:
+    """The shapes the recording measured in dtype (its cases), as a config's `shapes`: a recording of a few
+    workload rows replays those, not the problem's benchmark set."""
+    try:
+        cases = recording.header(path).get("cases", [])
+    except (OSError, ValueError) as exc:
+        raise ReplayError(f"cannot read the recording {path}: {exc}") from None
+    shapes = [key.split(":", 1)[1] for key in cases if key.split(":", 1)[0] == dtype]
+    if not shapes:
+        raise ReplayError(f"the recording {path} measured no {dtype} case (its cases: {', '.join(cases) or 'none'})")
+    return ",".join(shapes)
 
 
 # How the harness calls the loop, the way evo/run.py's execute() composes it; checked before anything runs.
