@@ -22,8 +22,8 @@
 // cp.async.wait_group orders them and no barrier is needed; both passes read them there (x and dy take no registers
 // across the row sum), and PREFETCH is off. dw partials of vector k stay in registers (DW_ACC=regs, k < REG_VECS)
 // or go where the plan's flags say: dynamic shared memory (a region per row group, combined at the end) or a
-// partial row in global memory. The flags also pick the vector path (N % VEC == 0, aligned pointers) or
-// one element at a time, so that any (M, N) is correct.
+// partial row in global memory. The flags also pick the vector path (N % VEC == 0, aligned pointers), the narrow
+// path (gene NARROW: N even, two elements at a time) or one element at a time, so that any (M, N) is correct.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -37,6 +37,7 @@
 #define PLAN_DW_SMEM 2    // dw partials not in registers go to dynamic shared memory
 #define PLAN_DW_GLOBAL 4  // ... to the partial row of (slot, row group) in global memory; neither: all in registers
 #define PLAN_DW_WARP 8    // sub-warp rows, all in registers: a warp's groups add theirs by shuffles, a region per warp
+#define PLAN_NARROW 16    // not the vector path, but N even (gene narrow): 2-element vectors, not one element at a time
 
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;
@@ -186,7 +187,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
 
   const int stride = a.slots * ROWS_PER_CTA;
   int row = slot * ROWS_PER_CTA + grp, it = 0;
-  constexpr bool ringed = STAGES > 0 && V > 1;   // the one-element path loads as without a ring
+  constexpr bool ringed = STAGES > 0 && V == VEC;   // the narrow and one-element paths load as without a ring
   Pack<V> xs[KV], ds[KV];
 #if PREFETCH
   Pack<V> xn[KV], dn[KV];
@@ -329,6 +330,9 @@ rmsnorm_bwd(const elem_t* __restrict__ x, const float* __restrict__ w, const ele
   float* dsm = reinterpret_cast<float*>(dynamic_smem + RING_BYTES);
   const Args a{x, w, dy, rstd, dx, partial, M, N, slots, plan};
   if (plan & PLAN_VECTOR) run_rows<VEC>(a, red, cl, dsm, reinterpret_cast<Pack<VEC>*>(dynamic_smem));
+#if NARROW
+  else if (VEC > 2 && (plan & PLAN_NARROW)) run_rows<2>(a, red, cl, dsm, reinterpret_cast<Pack<2>*>(dynamic_smem));
+#endif
   else run_rows<1>(a, red, cl, dsm, reinterpret_cast<Pack<1>*>(dynamic_smem));
 }
 

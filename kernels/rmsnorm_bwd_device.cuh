@@ -3,8 +3,9 @@
 // row sums through DSMEM, the row reduction, the fetch of a row's register vectors (straight into registers or
 // through the cp.async ring), and the batched loads of streamed vectors. The factory inlines it when it reads the
 // template (kernels/templates.py), so candidates compile without an include path and every line counts in their hash.
-// Raw bits of V elements: a whole vector, or one element in the low bits of a word.
-template <int V> struct Pack { unsigned int w[V == 1 ? 1 : WORDS]; };
+// Raw bits of V elements: a whole vector, two elements (the narrow path: one word, two in fp32), or one element in
+// the low bits of a word.
+template <int V> struct Pack { unsigned int w[V == 1 ? 1 : V == VEC ? WORDS : V * (int)sizeof(elem_t) / 4]; };
 
 // ---- KF-EDIT-BEGIN load_store ----------------------------------------------------------------------------------
 #if LOAD == LOAD_PLAIN
@@ -22,7 +23,10 @@ template <int V> struct Pack { unsigned int w[V == 1 ? 1 : WORDS]; };
 
 template <int V> __device__ __forceinline__ Pack<V> load_pack(const elem_t* p) {
   Pack<V> v;
-  if constexpr (V > 1) {
+  if constexpr (V > 1 && V != VEC) {   // the narrow path's 2-element vectors: 4 bytes, or 8 in fp32
+    if constexpr (sizeof(elem_t) == 2) asm(LD_OP ".u32 %0, [%1];" : "=r"(v.w[0]) : "l"(p));
+    else asm(LD_OP ".v2.u32 {%0, %1}, [%2];" : "=r"(v.w[0]), "=r"(v.w[1]) : "l"(p));
+  } else if constexpr (V > 1) {
 #if VEC_BYTES == 16
     asm(LD_OP ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
 #else
@@ -39,7 +43,10 @@ template <int V> __device__ __forceinline__ Pack<V> load_pack(const elem_t* p) {
 }
 
 template <int V> __device__ __forceinline__ void store_pack(elem_t* p, const Pack<V>& v) {
-  if constexpr (V > 1) {
+  if constexpr (V > 1 && V != VEC) {
+    if constexpr (sizeof(elem_t) == 2) asm volatile(ST_OP ".u32 [%0], %1;" :: "l"(p), "r"(v.w[0]) : "memory");
+    else asm volatile(ST_OP ".v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(v.w[0]), "r"(v.w[1]) : "memory");
+  } else if constexpr (V > 1) {
 #if VEC_BYTES == 16
     asm volatile(ST_OP ".v4.u32 [%0], {%1, %2, %3, %4};"
                  :: "l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");

@@ -80,6 +80,10 @@
 #ifndef STREAM_BATCH
 #define STREAM_BATCH 1
 #endif
+// narrow (structure): 0 | 1
+#ifndef NARROW
+#define NARROW 0
+#endif
 // small_m (structure)
 #define SMALL_M_NONE 0
 #define SMALL_M_DIRECT 1

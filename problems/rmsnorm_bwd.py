@@ -19,9 +19,9 @@ from .rmsnorm_fwd import PEERS
 from .rmsnorm_bwd_plan import (  # noqa: F401  (re-exported: tests and tools read them here)
     DIRECT_ROWS, DTYPE_BYTES, DW_THREADS, EPS, MAX_SMEM_PER_CTA, MAX_STATIC_SMEM, MIN_RING_THREADS_PER_SM,
     MAX_CTAS_PER_SM, MAX_ROWS_PER_CTA, MIN_THREADS_PER_SM, PLAN_DW_GLOBAL, PLAN_DW_SMEM, PLAN_DW_WARP,
-    PLAN_VECTOR, RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS, SCRATCH_SPARE, SLOT_ROWS, SMEM_PER_SM, SMEM_SLACK,
-    SMS, SUBWARP_TPR, THREADS_PER_SM, Plan, plan, recipe, register_limit, registers, ring_bytes, scratch_rows,
-    static_smem)
+    PLAN_NARROW, PLAN_VECTOR, RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS, SCRATCH_SPARE, SLOT_ROWS, SMEM_PER_SM,
+    SMEM_SLACK, SMS, SUBWARP_TPR, THREADS_PER_SM, Plan, plan, recipe, register_limit, registers, ring_bytes,
+    scratch_rows, static_smem)
 
 
 def _rule(g: Mapping[str, GeneValue]) -> str | None:
@@ -93,6 +93,9 @@ SPACE = GeneSpace(
              doc="cp.async ring of row slots in shared memory: the register vectors of stages-1 rows ahead in flight"),
         Gene("stream_batch", (1, 2, 4), 1,
              doc="streamed vectors (past the register ones) whose x and dy loads issue together, before their math"),
+        Gene("narrow", (False, True), False,
+             doc="rows whose N is even but no multiple of the vector: 2-element vectors (4 bytes in bf16 and fp16, "
+                 "8 in fp32) instead of one element at a time (no effect where the vector is 2 elements already)"),
         Gene("small_m", ("none", "direct", "grouped"), "none",
              doc="at M up to DIRECT_ROWS per CTA of a slot, one slot runs every row and writes dw itself (one launch, "
                  "no partials) | that, and above it slots of SLOT_ROWS rows at least (fewer partial rows to sum)"),
@@ -104,10 +107,11 @@ SPACE = GeneSpace(
 BENCHMARK = ((32768, 256), (32768, 512), (32768, 1024), (32768, 2048), (32768, 4096), (32768, 8192),
              (32768, 16384), (32768, 32768), (32768, 65536), (16384, 131072), (8192, 262144))
 # Small and odd: M = 1 and M not a multiple of rows_per_cta; N below a warp, not a multiple of any vector width,
+# even but no multiple of a vector (the narrow path: 4100, 1030, 66),
 # rows too wide for registers (shared-memory partials) and for shared memory (global partials); M large enough
 # that slots loop over many rows and the reduction sums hundreds of partial rows.
 CORRECTNESS = ((1, 256), (1, 7), (3, 1), (5, 33), (17, 760), (7, 1128), (199, 1024), (9, 4100), (64, 2048),
-               (3, 20000), (2, 65536), (1, 262144), (5, 3001), (1000, 256), (3000, 40))
+               (3, 20000), (2, 65536), (1, 262144), (5, 3001), (1000, 256), (3000, 40), (33, 1030), (300, 66))
 HELDOUT = ((4096, 2880), (4096, 3584), (4096, 5120), (4096, 7168), (1, 7168))
 
 

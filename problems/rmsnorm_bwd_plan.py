@@ -34,7 +34,7 @@ MAX_ROWS_PER_CTA = 32
 SCRATCH_SPARE = 8
 SCRATCH_BYTES = 256 * 2**20
 DW_THREADS = 256                   # the template's rmsnorm_bwd_dw block
-PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL, PLAN_DW_WARP = 1, 2, 4, 8   # the template's PLAN_* flags
+PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL, PLAN_DW_WARP, PLAN_NARROW = 1, 2, 4, 8, 16   # the template's PLAN_*
 BASE_REGS = 28                     # registers besides the slots and one vector's unpacked temporaries
 RING_REGS = 16                     # more with a cp.async ring: slot addresses, and both passes' loads from it
 # A cluster's CTAs share one GPC, and the H200's GPCs hold different numbers of SMs, so fewer than SMS // cluster
@@ -99,7 +99,8 @@ def scratch_rows(m: int, n: int, rows: int = MAX_ROWS_PER_CTA) -> int:
 
 
 def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
-    """The launch recipe (kernels/recipe.py): the vector path where N and the pointers allow it; dw partials in
+    """The launch recipe (kernels/recipe.py): the vector path where N and the pointers allow it (else, with the gene
+    narrow, 2-element vectors where N is even, else one element at a time); dw partials in
     registers when the register vectors cover the row (one row group), else in shared memory when it holds them for
     ctas_per_sm CTAs per SM (more would leave CTAs of the persistent grid for a second wave), else in global memory;
     a persistent grid of ctas_per_sm CTAs per SM (fewer when M or the scratch is smaller); then rmsnorm_bwd_dw sums
@@ -124,10 +125,11 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
     in_regs = g["dw_acc"] == "regs" and rows == 1
     by_warp = g["dw_acc"] == "regs" and tpr < 32   # sub-warp rows: see _by_warp
     resident = RESIDENT_CLUSTERS.get(cluster, SMS // cluster) * int(g["ctas_per_sm"])   # clusters that fit at once
+    narrow = bool(g.get("narrow")) and vec > 2
     let = [
         ["aligned", aligned],
         ["vector", ["and", "aligned", ["eq", ["mod", "N", vec], 0]]],
-        ["width", ["if", "vector", vec, 1]],
+        *(_narrow(dtype, vec) if narrow else [["width", ["if", "vector", vec, 1]]]),
         ["vecs", ["cdiv", ["div", "N", "width"], tpr * cluster]],
         ["partials", ["mul", "vecs", ["mul", "width", rows * tpr * 4]]],
         *(_by_warp(threads, tpr, int(g["reg_vecs"])) if by_warp else []),
@@ -151,7 +153,8 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
             "smem": "shared",
             "args": [["ptr", "x"], ["ptr", "w"], ["ptr", "dy"], ["ptr", "rstd"], ["ptr", "dx"], ["ptr", "dw_partial"],
                      ["i32", "M"], ["i32", "N"], ["i32", "slots"],
-                     ["i32", ["add", "flags", ["if", "vector", PLAN_VECTOR, 0]]]]}
+                     ["i32", ["add", "flags", ["if", "vector", PLAN_VECTOR,
+                                               ["if", "narrow", PLAN_NARROW, 0] if narrow else 0]]]]}
     reduce = {"kernel": "rmsnorm_bwd_dw", "grid": ["cdiv", "columns", "qx"], "block": DW_THREADS,
               "args": [["ptr", "dw_partial"], ["ptr", "dw"], ["i32", "partial_rows"], ["i32", "N"], ["i32", "qx"],
                        ["i32", ["if", ["eq", "dw_width", 4], 1, 0]]]}
@@ -168,6 +171,15 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
     # Scratch for exactly the partial rows written (none when the one slot writes dw: no step names it then).
     return {"let": let, "buffers": {"dw_partial": {"dtype": "float32", "shape": ["partial_rows", "N"]}},
             "steps": [alone, {**main, "when": ["not", "direct"]}, {**reduce, "when": ["not", "direct"]}]}
+
+
+def _narrow(dtype: str, vec: int) -> list:
+    """Gene narrow: where the vector path cannot run but N is even and x, dy, dx are aligned to two elements,
+    2-element vectors (PLAN_NARROW) rather than one element at a time."""
+    ok = ["and", ["not", "vector"], ["eq", ["mod", "N", 2], 0],
+          *(["le", 2 * DTYPE_BYTES[dtype], ["align", t]] for t in ("x", "dy", "dx")),
+          *(["le", 16, ["align", t]] for t in ("w", "dw", "dw_partial"))]
+    return [["narrow", ok], ["width", ["if", "vector", vec, ["if", "narrow", 2, 1]]]]
 
 
 def _by_warp(threads: int, tpr: int, reg_vecs: int) -> list:
@@ -218,5 +230,6 @@ def plan(g: Mapping[str, GeneValue], m: int, n: int, dtype: str, aligned: bool =
     align = 16 if aligned else 2
     v = recipe_names(recipe(g, dtype), m, n, 0.0,
                      {t: align for t in ("x", "dy", "dx", "w", "dw", "dw_partial")})
-    return Plan(v["slots"], int(g["cluster"]), v["flags"] + (PLAN_VECTOR if v["vector"] else 0), v["shared"],
+    mode = PLAN_VECTOR if v["vector"] else PLAN_NARROW if v.get("narrow") else 0
+    return Plan(v["slots"], int(g["cluster"]), v["flags"] + mode, v["shared"],
                 v["partial_rows"], v["dw_width"], v["qx"], -(-v["columns"] // v["qx"]), 1 if v.get("direct") else 2)

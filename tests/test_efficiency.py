@@ -166,3 +166,24 @@ def test_a_sampled_recording_is_refused_with_what_to_record_instead(tmp_path, ca
                             "--seeds", "1", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "uniform random sample of 40" in err and "search.space" in err and not out.exists()
+
+
+def test_a_recording_of_a_few_workload_rows_is_searched_on_those_rows(tmp_path, capsys):
+    """A recording made on shapes of its own (the held-out fp16 one: four workload rows, not the benchmark set) is
+    replayed on exactly its cases, and a dtype it never measured is named as such."""
+    from conftest import write_synthetic_recording
+    from kernel_factory.evo.types import Case
+    from kernel_factory.problems.rmsnorm_fwd import problem
+    cases = [Case(s, "float16") for s in ((64, 5120), (4096, 8192))]
+    path = write_synthetic_recording(tmp_path / "rmsnorm_fwd-float16-rows.jsonl.gz", problem, cases,
+                                     choices={"threads": [256, 512], "load": ["nc"], "cluster": [1], "stage": ["none"],
+                                              "rows_per_cta": [1, 2], "unroll": [1, 2]})
+    assert efficiency.recorded_shapes(str(path), "float16") == "64x5120,4096x8192"
+    source = ("rmsnorm_fwd", "float16", str(path), ())
+    assert [c.key for c in efficiency.replay(source)[0].cases] == [c.key for c in cases]
+    with pytest.raises(efficiency.ReplayError, match="measured no bfloat16 case"):
+        efficiency.recorded_shapes(str(path), "bfloat16")
+    out = tmp_path / "report.md"
+    assert efficiency.main(["--problem", "rmsnorm_fwd", "--dtype", "float16", "--recording", str(path),
+                            "--methods", "random", "--seeds", "2", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert out.exists() and "64x5120" not in capsys.readouterr().err

@@ -18,7 +18,8 @@ from kernel_factory.problems import rmsnorm_bwd as mod
 P = mod.problem
 DEFAULT = P.space.defaults()
 # Genomes that between them take every gene value (each one feasible; checked below).
-SPREAD = [dict(), dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, vec_bytes=8, small_m="grouped"),
+SPREAD = [dict(), dict(threads=128, rows_per_cta=2, ctas_per_sm=4, reg_vecs=1, vec_bytes=8, small_m="grouped",
+               narrow=True),
           dict(threads=256, rows_per_cta=8, ctas_per_sm=4, reg_vecs=1, prefetch=False, load="plain", dw_acc="smem",
                small_m="direct"),
           dict(threads=512, cluster=4, ctas_per_sm=1, reg_vecs=4, vec_bytes=8, load="nc_na", store="cs"),
@@ -69,7 +70,8 @@ def test_registered_with_the_public_matrix():
 
 def test_space_is_tens_of_thousands_and_every_value_is_reachable():
     feasible = list(P.space.enumerate())
-    assert 300 <= len(feasible) <= 300000, len(feasible)   # small_m (a launch plan, one kernel) made it ~2.7x
+    # small_m (a launch plan, one kernel) made it ~2.7x, narrow 2x
+    assert 300 <= len(feasible) <= 600000, len(feasible)
     for gene in P.space.genes:
         assert {g[gene.name] for g in feasible} == set(gene.choices), gene.name
     taken = {(k, genes(**kw)[k]) for kw in SPREAD for k in DEFAULT}
@@ -206,12 +208,14 @@ def test_plans_stay_within_grid_scratch_and_shared_memory(kw):
         assert dw_bytes >= 0 and (dw_bytes > 0) == bool(p.flags & mod.PLAN_DW_SMEM), label
         if cluster in mod.RESIDENT_CLUSTERS:
             assert p.slots <= mod.RESIDENT_CLUSTERS[cluster] * int(g["ctas_per_sm"]), label
-        vectors = n // width if p.flags & mod.PLAN_VECTOR else n
+        narrow = bool(p.flags & mod.PLAN_NARROW)   # 2-element vectors: gene narrow, N even, not the vector path
+        assert narrow == (bool(g.get("narrow")) and width > 2 and n % width != 0 and n % 2 == 0), label
+        per = width if p.flags & mod.PLAN_VECTOR else 2 if narrow else 1
+        vectors = n // per
         if not p.flags & (mod.PLAN_DW_SMEM | mod.PLAN_DW_GLOBAL):   # all partials in registers: they must fit
             assert rows == 1 and g["dw_acc"] == "regs" and vectors <= int(g["reg_vecs"]) * threads * cluster, label
         if p.flags & mod.PLAN_DW_SMEM:   # one region per row group (per warp: sub-warp rows' PLAN_DW_WARP)
             vecs_per_thread = -(-vectors // (threads // rows * cluster))
-            per = (int(g["vec_bytes"]) // mod.DTYPE_BYTES[dtype] if p.flags & mod.PLAN_VECTOR else 1)
             regions = threads // 32 if p.flags & mod.PLAN_DW_WARP else rows
             assert dw_bytes == regions * vecs_per_thread * per * (threads // rows) * 4, label
         assert p.dw_qx in (1, 2, 4, 8) and p.dw_width in (1, 4), label

@@ -37,14 +37,17 @@ def kt_restriction(space: GeneSpace) -> Callable[[Mapping[str, GeneValue]], bool
 def kt_cache(land: Landscape) -> dict[str, Any]:
     """The recording as a Kernel Tuner cache file. KT minimises `time`; time = 1 / fitness (the geomean over
     the benchmark shapes of candidate / baseline time), so its best entry is our optimum and "within 1%" keeps
-    its meaning. Infeasible genomes are absent: the restriction keeps KT from ever asking for them."""
+    its meaning; a refused genome's time is KT's RuntimeFailedConfig. Infeasible genomes are absent: the restriction
+    keeps KT from ever asking for them."""
     params = kt_tune_params(land.space)
     entries = {}
     for gid, genome in land.genomes.items():
         genes = genome.gene_dict
         values = [genes[name] for name in params]
-        entries[kt_key(values)] = {**dict(zip(params, values)), "time": 1.0 / land.fitness[gid],
-                                   "fitness": land.fitness[gid]}
+        fitness = land.fitness[gid]
+        # a genome the gate refused (fitness 0) is a failed run for KT, as its own cache files record one
+        entries[kt_key(values)] = {**dict(zip(params, values)), "fitness": fitness,
+                                   "time": 1.0 / fitness if fitness > 0 else "RuntimeFailedConfig"}
     # problem_size is not used in simulation mode; our fitness spans 11 shapes, which one size cannot name
     return {"device_name": land.device, "kernel_name": land.kernel_name, "problem_size": [1],
             "tune_params_keys": list(params), "tune_params": params, "objective": "time", "cache": entries}

@@ -58,6 +58,15 @@ CORNERS = {
     "stream2_vec8": dict(threads=256, ctas_per_sm=2, reg_vecs=1, vec_bytes=8, stream_batch=2),
     "stream2_warp_rows": dict(threads=128, rows_per_cta=4, ctas_per_sm=4, reg_vecs=1, prefetch=False,
                               stream_batch=2),
+    # narrow: 2-element vectors where N is even but no multiple of the vector (N = 4100, 1030, 66 of the
+    # correctness shapes), plain, beside a ring, in rows of one warp, in sub-warp rows and across a cluster
+    "narrow": dict(narrow=True),
+    "narrow_ring3": dict(narrow=True, threads=256, ctas_per_sm=2, reg_vecs=2, stages=3, prefetch=False),
+    "narrow_warp_rows": dict(narrow=True, threads=128, rows_per_cta=4, ctas_per_sm=4, reg_vecs=1, prefetch=False,
+                             stream_batch=2),
+    "narrow_subwarp": dict(narrow=True, threads=128, rows_per_cta=16, ctas_per_sm=4),
+    "narrow_cluster8": dict(narrow=True, threads=512, cluster=8, ctas_per_sm=1, reg_vecs=4, prefetch=False,
+                            dw_acc="smem"),
 }
 WIDE = [Case((32768, 1024), "bfloat16"), Case((16384, 131072), "float16"), Case((8192, 262144), "bfloat16")]
 TIMED = [Case((32768, 1024), "bfloat16"), Case((32768, 16384), "bfloat16"), Case((8192, 262144), "bfloat16"),
