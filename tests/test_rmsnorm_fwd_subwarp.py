@@ -113,10 +113,10 @@ def test_whole_warp_genomes_build_the_shipped_cubins_byte_for_byte(tmp_path_fact
 
 
 def test_replay_keeps_to_the_recorded_rows_per_cta():
-    """The bundled recording predates sub-warp rows: a replayed search (the quickstart without a GPU) is limited to
-    the rows_per_cta it measured, so it never proposes a genome the recording cannot answer."""
-    (path,) = replay.bundled_recordings(rf.problem)
-    rec = recording.read(path)
+    """The quickstart's recording (bf16, the benchmark rows) predates sub-warp rows: a replayed search (the quickstart
+    without a GPU) is limited to the rows_per_cta it measured, so it never proposes a genome the recording cannot
+    answer."""
+    rec = replay.choose_recording(rf.problem, [Case(s, "bfloat16") for s in rf.problem.shape_sets["benchmark"]], None)
     covered = recording.covered_choices(rec.header, SPACE)
     assert covered["rows_per_cta"] == OLD_ROWS
     assert SPACE.restricted(covered).defaults() == SPACE.defaults()
