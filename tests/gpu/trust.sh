@@ -20,10 +20,17 @@
 #   paired (carry .gpu-a .gpu-rec): the agreement with evaluator.gpu.paired on (the two runs that parted by 4% on
 #      2026-12-03: the quickstart against torch eager, softmax against torch.compile, and the quickstart against
 #      torch.compile), then the fp16 recording resumed in what is left of the call
+# 2026-12-05, after the narrow gene and the replay-decided baseline timing, three calls back to back:
+#   s1 (carry .gpu-a .int21): the GPU suite but KDA's file; then the quickstart with paired timing against torch
+#      eager and torch.compile (agreement)
+#   s2 (carry .gpu-b): KDA's GPU tests (FLA arrives with .gpu-b); softmax against torch.compile, unpaired and paired;
+#      time to parity of the second example plugin (silu_mul) against torch.compile and Liger
+#   s3 (carry .gpu-c .int21): QuACK complete; the quickstart against QuACK (agreement), then its time to parity with
+#      QuACK, the best peer on the benchmark rows
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
-stage="${1:?usage: trust.sh a|b|c|heldout|bench-bf16|racing|end|paired}"
+stage="${1:?usage: trust.sh s1|s2|s3|a|b|c|heldout|bench-bf16|racing|end|paired}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -40,7 +47,42 @@ agreement() {   # NAME CONFIG BASELINES [overrides...]   (at most AGREE_S second
   rm -rf "$RES/agreement-$name/runs/cache" "$RES/agreement-$name/runs/artifacts"
   pack > /dev/null
 }
+parity() {   # NAME SECONDS CONFIG PEER BUDGET_MIN [overrides...]: time to parity, its runs kept without binaries
+  local name="$1" secs="$2" cfg="$3" peer="$4" budget="$5"; shift 5
+  echo "parity $name: $secs s from $SECONDS s"
+  timeout "$secs" python3 -m kernel_factory.evo.tools.parity --config "$cfg" --peer "$peer" --budget-gpu-min "$budget" \
+    -o "out_dir=$RES/parity-$name" "$@" > "$RES/parity-$name.log" 2>&1; echo "exit $?" >> "$RES/parity-$name.log"
+  tail -n 6 "$RES/parity-$name.log"; rm -rf "$RES/parity-$name/cache" "$RES/parity-$name/artifacts"; pack > /dev/null
+}
 case "$stage" in
+s1)
+  export KF_PEERS=liger   # run.sh sources the setup again and must ask for the same peers
+  setup .gpu-a
+  int21_build
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RES/gpu.txt"
+  files=$(ls tests/gpu/test_*.py | grep -v kda)
+  # shellcheck disable=SC2086  # a list of test files
+  OUT="$RES/gpu-suite" timeout 420 tests/gpu/run.sh $files -vv --durations=15 > "$RES/gpu-suite.log" 2>&1
+  echo "exit $?" >> "$RES/gpu-suite.log"; grep -E "FAILED|ERROR|passed|failed|^exit" "$RES/gpu-suite.log" | tail -n 12
+  pack > /dev/null
+  AGREE_S=$(( 570 - SECONDS )) agreement quickstart-paired configs/quickstart.yaml torch_eager,torch_compile \
+    -o search.generations=3 -o evaluator.gpu.paired=true
+  ;;
+s2)
+  export KF_PEERS=liger
+  setup .gpu-b
+  OUT="$RES/gpu-kda" timeout 200 tests/gpu/run.sh tests/gpu/test_kda_fwd_gpu.py -vv --durations=5 \
+    > "$RES/gpu-kda.log" 2>&1; echo "exit $?" >> "$RES/gpu-kda.log"; tail -n 6 "$RES/gpu-kda.log"; pack > /dev/null
+  AGREE_S=110 agreement softmax-torch_compile configs/softmax.yaml torch_compile
+  AGREE_S=120 agreement softmax-paired configs/softmax.yaml torch_compile -o evaluator.gpu.paired=true
+  parity silu_mul $(( 570 - SECONDS )) tests/plugins/kf_silu_mul/run.yaml torch_compile 1.5
+  ;;
+s3)
+  setup .gpu-c
+  int21_wait 200 || exit 2
+  AGREE_S=230 agreement quickstart-quack configs/quickstart.yaml quack -o search.generations=3
+  parity quickstart-quack $(( 575 - SECONDS )) configs/quickstart.yaml quack 4
+  ;;
 a)
   export KF_PEERS=liger   # QuACK completes in call c; INT21 builds in the background meanwhile
   setup .gpu-a
@@ -110,5 +152,5 @@ paired)
     --sample 1000 --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
   cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
   ;;
-*) echo "trust.sh: unknown stage $stage (a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
+*) echo "trust.sh: unknown stage $stage (s1, s2, s3, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
 esac
