@@ -30,7 +30,7 @@
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
-stage="${1:?usage: trust.sh s1|s2|s3|a|b|c|heldout|bench-bf16|racing|end|paired}"
+stage="${1:?usage: trust.sh s1|s1b|s2|s3|a|b|c|heldout|bench-bf16|racing|end|paired}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -67,6 +67,20 @@ s1)
   pack > /dev/null
   AGREE_S=$(( 570 - SECONDS )) agreement quickstart-paired configs/quickstart.yaml torch_eager,torch_compile \
     -o search.generations=3 -o evaluator.gpu.paired=true
+  ;;
+s1b)   # (carry .gpu-a) s1 ran on an H100 and was cut at 420 s: the two wide corner failures with their tracebacks,
+  # then the forward, op and silu_mul files it did not reach
+  export KF_PEERS=liger
+  setup .gpu-a
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$RES/gpu.txt"
+  OUT="$RES/gpu-corners" timeout 170 tests/gpu/run.sh \
+    "tests/gpu/test_rmsnorm_bwd_gpu.py::test_corners_pass_the_gate_on_benchmark_rows" -vv --tb=short \
+    > "$RES/gpu-corners.log" 2>&1; echo "exit $?" >> "$RES/gpu-corners.log"; tail -n 12 "$RES/gpu-corners.log"
+  pack > /dev/null
+  files=$(ls tests/gpu/test_rmsnorm_fwd_*.py tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_silu_mul_op_gpu.py)
+  # shellcheck disable=SC2086
+  OUT="$RES/gpu-rest" timeout $(( 540 - SECONDS )) tests/gpu/run.sh $files -q --tb=short --durations=10 \
+    > "$RES/gpu-rest.log" 2>&1; echo "exit $?" >> "$RES/gpu-rest.log"; tail -n 8 "$RES/gpu-rest.log"
   ;;
 s2)
   export KF_PEERS=liger
@@ -152,5 +166,5 @@ paired)
     --sample 1000 --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
   cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
   ;;
-*) echo "trust.sh: unknown stage $stage (s1, s2, s3, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
+*) echo "trust.sh: unknown stage $stage (s1, s1b, s2, s3, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
 esac
