@@ -104,6 +104,8 @@ SPACE = GeneSpace(
 )
 
 
+REFERENCE_CHUNK = 2**24   # elements of a row block in reference(): 64 MiB per fp32 temporary
+
 BENCHMARK = ((32768, 256), (32768, 512), (32768, 1024), (32768, 2048), (32768, 4096), (32768, 8192),
              (32768, 16384), (32768, 32768), (32768, 65536), (16384, 131072), (8192, 262144))
 # Small and odd: M = 1 and M not a multiple of rows_per_cta; N below a warp, not a multiple of any vector width,
@@ -185,11 +187,22 @@ class RmsNormBackward:
                 "dw_partial": torch.empty(scratch_rows(m, n), n, dtype=torch.float32, device=device)}
 
     def reference(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        xhat = inputs["x"].float() * inputs["rstd"][:, None]
-        dyf = inputs["dy"].float()
-        g = dyf * inputs["w"]
-        c = (g * xhat).mean(dim=-1, keepdim=True)
-        return {"dx": (g - xhat * c) * inputs["rstd"][:, None], "dw": (dyf * xhat).sum(dim=0)}
+        """dx in fp32 and dw, computed a block of rows at a time: at 16384 x 131072 the whole-tensor fp32
+        temporaries came to about 50 GiB and ran an 80 GB H100 out of memory inside the gate."""
+        torch = _torch()
+        x, dy, rstd, w = inputs["x"], inputs["dy"], inputs["rstd"], inputs["w"]
+        m, n = x.shape
+        dx = torch.empty(m, n, dtype=torch.float32, device=x.device)
+        dw = torch.zeros(n, dtype=torch.float32, device=x.device)
+        step = max(1, REFERENCE_CHUNK // max(n, 1))
+        for i in range(0, m, step):
+            xhat = x[i:i + step].float() * rstd[i:i + step, None]
+            dyf = dy[i:i + step].float()
+            g = dyf * w
+            c = (g * xhat).mean(dim=-1, keepdim=True)
+            dx[i:i + step] = (g - xhat * c) * rstd[i:i + step, None]
+            dw += (dyf * xhat).sum(dim=0)
+        return {"dx": dx, "dw": dw}
 
     def reference_rows(self, inputs: Mapping[str, Any], rows: Any) -> dict[str, Any]:
         """For checking a timed output cheaply: dx at the given rows (a LongTensor), dw in full (summed in chunks of

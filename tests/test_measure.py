@@ -124,3 +124,40 @@ def test_a_decided_way_of_timing_holds_whatever_the_estimate():
     clock = Clock(5.0, host_us=[200.0] + [20.0] * 100)
     by_estimate = timer_on(clock, 30.0).time(clock.call)
     assert not by_estimate.graph and by_estimate.median_us == pytest.approx(25.0), "None: one estimate decides"
+
+
+def test_mismatch_in_blocks_reports_as_one_pass(monkeypatch):
+    """Compared a block of rows at a time (the widest outputs): counts, the worst element and the first non-finite
+    one are those of the whole tensor, wherever the blocks split it."""
+    from kernel_factory.evo.evaluate import measure
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    ref = torch.randn(37, 53, generator=gen)
+    off = ref.clone()
+    rows = torch.randint(0, 37, (5,), generator=gen)
+    off[rows, 7] += 0.5
+    off[int(rows[2]), 11] += 3.0
+    whole = measure.mismatch(off, ref, 1e-5, 1e-4, "y")
+    nan = off.clone()
+    nan[30, 3] = float("nan")
+    nan[31, 0] = float("inf")
+    whole_nan = measure.mismatch(nan, ref, 1e-5, 1e-4, "y")
+    monkeypatch.setattr(measure, "CHUNK_ELEMENTS", 53 * 4)   # blocks of 4 rows
+    assert measure.mismatch(off, ref, 1e-5, 1e-4, "y") == whole
+    assert f"at ({int(rows[2])}, 11)" in whole and "max abs err 3" in whole
+    assert measure.mismatch(nan, ref, 1e-5, 1e-4, "y") == whole_nan == "y: 2 non-finite values, first at (30, 3)"
+    assert measure.mismatch(ref.clone(), ref, 1e-5, 1e-4, "y") is None
+
+
+def test_the_backward_reference_in_row_blocks_is_the_whole_tensor_formula(monkeypatch):
+    from kernel_factory.problems import rmsnorm_bwd
+    from kernel_factory.evo.types import Case
+    p = rmsnorm_bwd.RmsNormBackward()
+    inputs = p.make_inputs(Case((29, 40), "bfloat16"), int(torch.randint(0, 2**31, (1,))), "cpu")
+    whole = p.reference(inputs)
+    monkeypatch.setattr(rmsnorm_bwd, "REFERENCE_CHUNK", 40 * 3)   # blocks of 3 rows
+    blocks = p.reference(inputs)
+    xhat = inputs["x"].float() * inputs["rstd"][:, None]
+    g = inputs["dy"].float() * inputs["w"]
+    dx = (g - xhat * (g * xhat).mean(dim=-1, keepdim=True)) * inputs["rstd"][:, None]
+    assert torch.equal(blocks["dx"], whole["dx"]) and torch.allclose(blocks["dx"], dx, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(blocks["dw"], (inputs["dy"].float() * xhat).sum(dim=0), rtol=1e-5, atol=1e-5)
