@@ -239,6 +239,9 @@ class GpuEvaluator:
         base = {**(reply.get("baseline_us") or self.baseline_us), **reply.get("paired_baseline_us", {})}
         fitness = geomean_speedup(times, {k: base[k] for k in times}) if times else 0.0
         message = reply.get("message", "")
+        if reply.get("paired_retimed"):
+            tries = "; ".join(f"{k} {' / '.join(f'{us:.1f}' for us in v)} us" for k, v in reply["paired_retimed"].items())
+            message = (message + " " if message else "") + f"paired baseline timed again (a glitch): {tries}"
         if reply.get("graph_cases"):
             message = (message + " " if message else "") + f"timed as CUDA graphs: {', '.join(reply['graph_cases'])}"
         return EvalResult(cid, status, fitness, times, reply.get("iqr_us", {}) if times else {},
@@ -293,6 +296,7 @@ class BaselineLog:
         self.geomeans = [geomean_speedup(self.first, self.first)]   # each measurement's geomean relative to the first
         self.gpu_s = 0.0
         self.errors: list[str] = []
+        self.paired_retimed: list[dict[str, list[float]]] = []   # per candidate: case -> every try's baseline us
 
     def note(self, reply: Mapping[str, Any]) -> None:
         if reply.get("baseline_retimed_us"):
@@ -304,11 +308,15 @@ class BaselineLog:
             self.host_bound.update(reply.get("baseline_host_bound", ()))
         if reply.get("baseline_error"):
             self.errors.append(str(reply["baseline_error"]))
+        if reply.get("paired_retimed"):
+            self.paired_retimed.append(dict(reply["paired_retimed"]))
 
     def books(self) -> dict[str, Any]:
         return {"measurements": len(self.geomeans), "gpu_s": round(self.gpu_s, 3),
                 "relative_to_first": [round(g, 4) for g in self.geomeans], "errors": self.errors[:5],
-                "host_bound": sorted(self.host_bound)}
+                "host_bound": sorted(self.host_bound),
+                **({"paired_retimed": {"candidates": len(self.paired_retimed), "first": self.paired_retimed[:5]}}
+                   if self.paired_retimed else {})}
 
 
 def timer_reads(cubins: Mapping[str, bytes]) -> str | None:

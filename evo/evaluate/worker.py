@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .. import registry
 from . import gate, launcher, measure
 from .bench_pools import Pool, Pools, SetupError, allocate_pools, checksum
+from .paired import PairedBaselines
 from ..protocols import Launch, Problem, RowReference
 from ..types import Case, Status
 
@@ -71,6 +72,7 @@ class Bench:
         self.baseline_at = 0.0
         self.graph_mode: dict[str, bool] = dict(setup.get("graph_mode", {}))
         self.paired = bool(setup.get("paired", False))   # each candidate timed interleaved with the baseline
+        self.paired_guard = PairedBaselines()   # a paired baseline far from its usual time is timed again
         self.host_bound: set[str] = set()   # rows whose baseline's host path outlasted the flush (its time may leak)
 
     def pool(self, case: Case) -> Pool:
@@ -200,9 +202,12 @@ class Bench:
             if req.get("check_only"):
                 return {"status": Status.OK.value, "message": "passed the gate (not timed)"}
             times, iqrs, graphs, paired = {}, {}, [], {}
+            self.paired_guard.take_evidence()   # a rejected candidate's retries are not the next one's
             for case in timed:
                 if self.paired:
-                    timing, ref = self.time_case_paired(modules[case.dtype], genes, case, rng)
+                    timing, ref = self.paired_guard.vetted(
+                        case.key, lambda: self.time_case_paired(modules[case.dtype], genes, case, rng),
+                        self.baseline_us.get(case.key))
                     paired[case.key] = ref.median_us
                 else:
                     timing = self.time_case(modules[case.dtype], genes, case, rng)
@@ -213,7 +218,9 @@ class Bench:
         except Rejected as exc:
             return {"status": exc.status.value, "message": str(exc)[:4000]}
         out = {"status": Status.OK.value, "times_us": times, "iqr_us": iqrs, "graph_cases": graphs, "message": ""}
-        return {**out, "paired_baseline_us": paired} if self.paired else out
+        if not self.paired:
+            return out
+        return {**out, "paired_baseline_us": paired, "paired_retimed": self.paired_guard.take_evidence()}
 
     def retime(self, req: Mapping[str, Any]) -> dict[str, Any]:
         """A finalist: candidate and baseline interleaved sample by sample, with many repetitions, per case."""

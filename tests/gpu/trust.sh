@@ -29,10 +29,13 @@
 #   s3 (carry .gpu-c .int21): QuACK complete; the quickstart against QuACK (agreement), then its time to parity with
 #      QuACK, the best peer on the benchmark rows
 #   rest (carry .gpu-a): the GPU suite's files but KDA's and the corners, in one call's time
+#   s4 (carry .gpu-a), after s1's paired run against torch.compile parted from its A/B by 12% (one pair's baseline
+#      stalled at 5.3x): the paired guard (evo/evaluate/paired.py); the paired GPU test, then the quickstart with
+#      paired timing against torch.compile and torch eager (agreement)
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
-stage="${1:?usage: trust.sh s1|s2|s3|rest|a|b|c|heldout|bench-bf16|racing|end|paired}"
+stage="${1:?usage: trust.sh s1|s2|s3|s4|rest|a|b|c|heldout|bench-bf16|racing|end|paired}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -68,6 +71,16 @@ s1)
     > "$RES/gpu-corners.log" 2>&1; echo "exit $?" >> "$RES/gpu-corners.log"; tail -n 12 "$RES/gpu-corners.log"
   pack > /dev/null
   AGREE_S=$(( 575 - SECONDS )) agreement quickstart-paired configs/quickstart.yaml torch_eager,torch_compile \
+    -o search.generations=3 -o evaluator.gpu.paired=true
+  ;;
+s4)
+  export KF_PEERS=liger
+  setup .gpu-a
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$RES/gpu.txt"
+  OUT="$RES/gpu-paired" timeout 150 tests/gpu/run.sh tests/gpu/test_gpu_evaluator.py -k paired -vv --tb=short \
+    > "$RES/gpu-paired.log" 2>&1; echo "exit $?" >> "$RES/gpu-paired.log"; tail -n 4 "$RES/gpu-paired.log"
+  pack > /dev/null
+  AGREE_S=$(( 560 - SECONDS )) agreement quickstart-paired configs/quickstart.yaml torch_compile,torch_eager \
     -o search.generations=3 -o evaluator.gpu.paired=true
   ;;
 rest)
@@ -163,5 +176,5 @@ paired)
     --sample 1000 --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
   cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
   ;;
-*) echo "trust.sh: unknown stage $stage (s1, s2, s3, rest, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
+*) echo "trust.sh: unknown stage $stage (s1, s2, s3, s4, rest, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
 esac
