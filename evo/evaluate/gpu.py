@@ -240,7 +240,8 @@ class GpuEvaluator:
         fitness = geomean_speedup(times, {k: base[k] for k in times}) if times else 0.0
         message = reply.get("message", "")
         if reply.get("paired_retimed"):
-            tries = "; ".join(f"{k} {' / '.join(f'{us:.1f}' for us in v)} us" for k, v in reply["paired_retimed"].items())
+            tries = "; ".join(f"{k} {' / '.join(f'{us:.1f}' for us in v)} us"
+                              for k, v in reply["paired_retimed"].items())
             message = (message + " " if message else "") + f"paired baseline timed again (a glitch): {tries}"
         if reply.get("graph_cases"):
             message = (message + " " if message else "") + f"timed as CUDA graphs: {', '.join(reply['graph_cases'])}"
