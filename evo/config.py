@@ -194,7 +194,11 @@ class WorkloadConfig:
     # Genes whose best value depends on the shape more than on the rest of the genome (RMSNorm's `tail`: only rows
     # that do not split into whole vectors run it): every panel genome's twin with this value joins the panel, so
     # that the rule can pick either per shape rather than inherit whatever value a bucket's winner happened to carry.
+    # (a gene may name several values: a twin for each, `{w_ahead: [l2, regs]}`)
     panel_twins: Mapping[str, Any] = field(default_factory=dict)
+    # false: no bucket search at all; the panels hold the genomes of panel_from's table and panel_winners_from's
+    # panels, and their twins (a finished campaign learned again once the space has a new gene)
+    search: bool = True
     extra_train: str | None = None            # a shape set of the problem the panels and rules also learn from
     buckets: tuple[str, ...] = ()             # only these buckets (empty: every bucket the training set fills)
 

@@ -183,6 +183,20 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
   constexpr float edge_ss = 0.f;                      // no scalar head or tail beside the vectors
 #define KF_STORE_EDGES (void)0
 #endif
+#if W_AHEAD == W_AHEAD_L2
+  prefetch_weight_l2(w, nv * VEC, lane);
+#endif
+#if W_AHEAD == W_AHEAD_REGS
+  // The kept vectors' weights, asked for before x's sum needs the round trip to memory it waits for.
+  float wk[REG_VECS > 0 ? REG_VECS : 1][VEC];
+#pragma unroll
+  for (int k = 0; k < REG_VECS; ++k)
+    if (lane + k * TPR < nv) fetch_weight(w + (size_t)(lane + k * TPR) * VEC, wk[k], w_vec);
+#define KF_STORE_KEPT(k, xv) normalize_store_w(xv, wk[k], yr + (size_t)(lane + (k) * TPR) * VEC, rstd)
+#else
+#define KF_STORE_KEPT(k, xv) \
+  normalize_store(xv, w + (size_t)(lane + (k) * TPR) * VEC, yr + (size_t)(lane + (k) * TPR) * VEC, rstd, w_vec)
+#endif
 #if STAGE == STAGE_SMEM
   if (staged) {
   // ---- KF-EDIT-BEGIN staged_row -----------------------------------------------------------------------------------
@@ -253,7 +267,7 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
       for (int k = 0; k < REG_VECS; ++k) {
         const int v = lane + k * TPR;
         if (v < nv) {
-          normalize_store(skept[k], w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd, w_vec);
+          KF_STORE_KEPT(k, skept[k]);
           if (fetch_next) skept[k] = load_vec(xn + (size_t)v * VEC);
         }
       }
@@ -337,7 +351,7 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
 #pragma unroll
   for (int k = 0; k < REG_VECS; ++k) {
     const int v = lane + k * TPR;
-    if (v < nv) normalize_store(kept[k], w + (size_t)v * VEC, yr + (size_t)v * VEC, rstd, w_vec);
+    if (v < nv) KF_STORE_KEPT(k, kept[k]);
   }
   for (int k0 = REG_VECS; lane + k0 * TPR < nv; k0 += UNROLL) {
     vec_t buf[UNROLL];
@@ -356,4 +370,5 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
   }
 #undef KF_ROW_DONE
 #undef KF_STORE_EDGES
+#undef KF_STORE_KEPT
 }

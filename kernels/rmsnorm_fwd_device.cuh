@@ -166,18 +166,37 @@ __device__ __forceinline__ void load_weight(const float* w, float (&f)[VEC]) {
 // w_vec: whether w is aligned for load_weight's vector loads. Always true with tail=scalar (a constant, folded away);
 // with tail=peel a row's head shifts w by 0..VEC-1 elements, and a misaligned w is read a float at a time (w is
 // shared by all rows, so it is served from L1/L2 either way).
-__device__ __forceinline__ void normalize_store(const vec_t& xv, const float* w, elem_t* y, float rstd, bool w_vec) {
-  float f[VEC], wf[VEC];
-  unpack(xv, f);
+__device__ __forceinline__ void fetch_weight(const float* w, float (&wf)[VEC], bool w_vec) {
   if (w_vec) {
     load_weight(w, wf);
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) wf[i] = __ldg(w + i);
   }
+}
+
+// y = x * rstd * w with the weights already in registers (w_ahead=regs fetched them beside x).
+__device__ __forceinline__ void normalize_store_w(const vec_t& xv, const float (&wf)[VEC], elem_t* y, float rstd) {
+  float f[VEC];
+  unpack(xv, f);
 #pragma unroll
   for (int i = 0; i < VEC; ++i) f[i] = f[i] * rstd * wf[i];
   store_vec(y, pack(f));
+}
+
+__device__ __forceinline__ void normalize_store(const vec_t& xv, const float* w, elem_t* y, float rstd, bool w_vec) {
+  float f[VEC], wf[VEC];
+  unpack(xv, f);
+  fetch_weight(w, wf, w_vec);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) f[i] = f[i] * rstd * wf[i];
+  store_vec(y, pack(f));
+}
+
+// w_ahead=l2: the weights of a slice of n elements, 128-byte lines spread over the row's TPR threads, asked into
+// L2 (no registers held, no wait): the second pass then finds them there instead of in DRAM.
+__device__ __forceinline__ void prefetch_weight_l2(const float* w, int n, int lane) {
+  for (int i = lane * 32; i < n; i += TPR * 32) asm volatile("prefetch.global.L2 [%0];" :: "l"(w + i));
 }
 // The call of editable regions written before tail=peel (their patches still compile): w is vector-aligned there.
 __device__ __forceinline__ void normalize_store(const vec_t& xv, const float* w, elem_t* y, float rstd) {

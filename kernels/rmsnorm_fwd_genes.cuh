@@ -85,3 +85,10 @@
 #ifndef TAIL
 #define TAIL TAIL_SCALAR
 #endif
+// w_ahead (ptx)
+#define W_AHEAD_NONE 0
+#define W_AHEAD_L2 1
+#define W_AHEAD_REGS 2
+#ifndef W_AHEAD
+#define W_AHEAD W_AHEAD_NONE
+#endif

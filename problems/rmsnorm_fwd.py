@@ -48,6 +48,12 @@ def static_smem(g: Mapping[str, GeneValue]) -> int:
     return smem
 
 
+def weight_regs(g: Mapping[str, GeneValue]) -> int:
+    """Registers that w_ahead=regs holds per thread: one fp32 weight per kept element, counted for 2-byte dtypes
+    (64; fp32 needs 32), since the rule does not know the dtype."""
+    return KEPT_BYTES // 2 if g["w_ahead"] == "regs" else 0
+
+
 def _rule(g: Mapping[str, GeneValue]) -> str | None:
     """Reject genomes that cannot compile or launch, before the compiler sees them, and combinations whose extra
     gene would mean nothing (so that the enumerated space holds no duplicates of that kind)."""
@@ -72,8 +78,14 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
     smem = static_smem(g)
     if smem > MAX_STATIC_SMEM:
         return f"{smem} B of static shared memory exceeds {MAX_STATIC_SMEM} B"
-    # x kept in registers costs 32 registers; each in-flight vector costs vec_bytes/4; ~28 for the rest.
-    regs = 28 + (32 if g["keep_x"] else 0) + int(g["unroll"]) * int(g["vec_bytes"]) // 4
+    if g["w_ahead"] == "regs" and not g["keep_x"]:
+        return "w_ahead=regs loads the weights of the vectors keep_x holds: needs keep_x=True"
+    if g["w_ahead"] == "regs" and (threads > 256 or g["persistent"]):
+        return ("w_ahead=regs holds 64 more registers per thread (they spill under a launch bound of 512 threads or "
+                "a persistent wave): needs threads <= 256 and persistent=False")
+    # x kept in registers costs 32 registers, their weights (w_ahead=regs) as many fp32 values as x has elements;
+    # each in-flight vector costs vec_bytes/4; ~28 for the rest.
+    regs = 28 + (32 if g["keep_x"] else 0) + int(g["unroll"]) * int(g["vec_bytes"]) // 4 + weight_regs(g)
     limit = min(255, REGS_PER_SM // threads)
     if regs > limit:
         return f"about {regs} registers per thread exceed the {limit} that {threads} threads allow"
@@ -104,6 +116,10 @@ SPACE = GeneSpace(
         Gene("tail", ("scalar", "peel"), "scalar",
              doc="a row of N not a multiple of the vector, or not vector-aligned: all scalar | vectors, with a scalar "
                  "head up to the first aligned address and a scalar tail (every path: staged, cluster, persistent)"),
+        Gene("w_ahead", ("none", "l2", "regs"), "none", kind="ptx",
+             doc="the weight is read after the row's sum, one more trip to memory before the stores (rows that are "
+                 "few are bound by such trips) | prefetch.global.L2 of the CTA's weight slice before the first pass "
+                 "| the kept vectors' weights loaded into registers beside x (needs keep_x)"),
     ),
     rule=_rule,
 )
@@ -267,6 +283,7 @@ class RmsNormForward:
         if genes["stage"] == "smem" and genes["stage_copy"] == "bulk":
             out.append((r"UBLKCP.*", True, "cp.async.bulk (TMA) staging"))
         out.append((r"UCGABAR_ARV.*", int(genes["cluster"]) > 1, "barrier.cluster across the row's CTAs"))
+        out.append((r"CCTL\.E\.PF2", genes["w_ahead"] == "l2", "prefetch.global.L2 of the weight"))
         return out
 
     def special_inputs(self, case: Case, seed: int, device: str) -> dict[str, Any]:

@@ -80,3 +80,25 @@ def test_expected_sass_holds_on_a_sample_of_the_space(rmsnorm):
         for pattern, present, why in rmsnorm.expected_sass(genes, "bfloat16"):
             found = sum(n for op, n in ops.items() if re.match(pattern, op))
             assert bool(found) == present, (genes, pattern, why)
+
+
+def test_weights_ahead_reach_the_binary():
+    """w_ahead: l2 leaves L2 prefetches (CCTL.E.PF2) and nothing else does; regs moves the kept vectors' weight loads
+    (the read-only LDG...CONSTANT: with load=plain, x takes plain LDGs) before the row's reduction, where the default
+    issues them after it. Counted on the vector path, whose reduction is the binary's last butterfly group."""
+    from kernel_factory.problems.rmsnorm_fwd import problem
+
+    def order(dtype, **genes):
+        cand = Candidate(Genome.of({**problem.space.defaults(), "load": "plain", **genes}))
+        out = compile_one(CompileJob("k", render.render(problem, cand, dtype), "k.cu"))
+        assert out.error is None, out.error
+        ops = [m.group(1) for m in sass.OPCODE.finditer(sass.disassemble(out.cubin))]
+        shfl = [i for i, op in enumerate(ops) if op.startswith("SHFL.BFLY")]
+        vector_sum = shfl[len(shfl) // 2]   # the scalar path's butterflies come first, the vector path's next
+        weights = [i for i, op in enumerate(ops) if op == "LDG.E.128.CONSTANT"]
+        return sum(i < vector_sum for i in weights), ops.count("CCTL.E.PF2")
+
+    for dtype, kept_loads in (("bfloat16", 16), ("float32", 8)):   # 8 kept vectors: 64 or 32 fp32 weights
+        none, regs, l2 = order(dtype), order(dtype, w_ahead="regs"), order(dtype, w_ahead="l2")
+        assert none == (0, 0) and l2[0] == 0 and l2[1] > 0, (dtype, none, l2)
+        assert regs == (kept_loads, 0), (dtype, regs)

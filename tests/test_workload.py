@@ -77,6 +77,9 @@ def test_config_rejects_bad_workload_keys():
         campaign.plan(config.parse({"problem": "rmsnorm_fwd", "workload": {"panel_twins": {"colour": 1}}}))
     with pytest.raises(ConfigError, match=r"workload.panel_twins.tail': 'vector' is not one of \['scalar', 'peel'\]"):
         campaign.plan(config.parse({"problem": "rmsnorm_fwd", "workload": {"panel_twins": {"tail": "vector"}}}))
+    twins = {"problem": "rmsnorm_fwd", "workload": {"panel_twins": {"w_ahead": ["l2", "vram"]}}}
+    with pytest.raises(ConfigError, match=r"workload.panel_twins.w_ahead': 'vram' is not one of \['none', 'l2', 'r"):
+        campaign.plan(config.parse(twins))
     with pytest.raises(ConfigError, match=r"workload.rule' must be one of tree, near, auto, got 'forest'"):
         config.parse({"problem": "rmsnorm_fwd", "workload": {"rule": "forest"}})
 
@@ -120,9 +123,11 @@ def test_a_run_can_name_its_cases_one_by_one():
 
 class CostModel:
     """Stands in for the GPU evaluator: a deterministic time per (genes, case) from a roofline and penalties that
-    make different buckets prefer different genomes, and a ledger of every case it was built for."""
+    make different buckets prefer different genomes, a ledger of every case it was built for and the genomes it
+    evaluated."""
 
     ledger: list[Case] = []
+    evaluated: list[Genome] = []
 
     def __init__(self, cases, space=fwd.space):
         self.cases, self.space = tuple(cases), space
@@ -143,6 +148,7 @@ class CostModel:
     def evaluate(self, candidates):
         out = []
         for cand in candidates:
+            CostModel.evaluated.append(cand.genome)
             genes = {**self.space.defaults(), **cand.genome.gene_dict}
             times = {c.key: self.time_us(genes, c) for c in self.cases}
             base = {c.key: 1.2 * self.time_us(self.space.defaults(), c) for c in self.cases}
@@ -156,7 +162,7 @@ class CostModel:
 
 @pytest.fixture
 def model_gpu(monkeypatch):
-    CostModel.ledger = []
+    CostModel.ledger, CostModel.evaluated = [], []
     monkeypatch.setattr(build, "evaluator_kind", lambda cfg: ("gpu", None))
     monkeypatch.setattr(build, "make_evaluator", lambda run, kind: CostModel(run.cases, run.problem.space))
     return CostModel
@@ -386,3 +392,39 @@ def test_more_training_shapes_are_timed_only_where_an_earlier_panel_lacks_them(t
     base["workload"]["train_more"] = -1
     with pytest.raises(ConfigError, match="workload.train_more': -1"):
         campaign.plan(config.parse(base))
+
+
+def test_a_campaign_learned_again_with_a_new_gene_times_only_the_twins_it_adds(tmp_path, model_gpu):
+    """workload.search false: no bucket search; the panels hold an earlier campaign's winners and their twins over
+    a gene added since (w_ahead), and the earlier panel's times stay under the genomes' ids today, so that only the
+    twins are timed."""
+    base = {"problem": "rmsnorm_fwd", "seed": 3, "out_dir": str(tmp_path / "runs"), "observers": ["journal"],
+            "workload": {"dtypes": ["float16"], "train": 6, "heldout": 6, "seed": 9, "per_bucket": 4, "panel": 4,
+                         "n": [64, 8192], "validate": False}, "search": {"population": 4}}
+    first = campaign.run_campaign(config.parse(base), "first")
+    path = first / "panel-float16.jsonl"
+    entries = [json.loads(line) for line in path.read_text().splitlines()]
+    for e in entries:   # as committed before the gene existed
+        e["genome"]["genes"].pop("w_ahead")
+    path.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    old_genomes, old_times = campaign.read_panel(path)
+    base["workload"].update(search=False, panel_winners_from=str(first), panel_times_from=str(first),
+                            panel_twins={"w_ahead": ["l2", "regs"]})
+    before = len(model_gpu.evaluated)
+    second = campaign.run_campaign(config.parse(base), "second")
+    assert not list((tmp_path / "runs").glob("second.*")), "no bucket search may run"
+    genomes, times = campaign.read_panel(second / "panel-float16.jsonl")
+    fresh = model_gpu.evaluated[before:]
+    assert fresh and all(g.gene_dict["w_ahead"] in ("l2", "regs") for g in fresh)
+    assert set(fresh) == {g for g in genomes.values() if g.gene_dict["w_ahead"] != "none"}
+    today = {gid: Genome.of({**g.gene_dict, "w_ahead": "none"}).id for gid, g in old_genomes.items()}
+    kept = [gid for gid, now in today.items() if now in genomes]
+    assert kept
+    for gid in kept:   # each earlier winner kept its times, under today's id
+        assert all(times[key][today[gid]] == row[gid] for key, row in old_times.items()), gid
+    assert {Genome.of({**g.gene_dict, "w_ahead": "none"}).id for g in fresh} <= {today[gid] for gid in kept}
+    assert Table(second / "kernels" / "dispatch.json").choose("float16", 4096, 77)
+    for change, match in (({"searched_from": str(first)}, "excludes 'workload.searched_from'"),
+                          ({"panel_winners_from": None, "panel_times_from": None}, "leaves the panels empty")):
+        with pytest.raises(ConfigError, match=match):
+            campaign.run_campaign(config.parse({**base, "workload": {**base["workload"], **change}}), "bad")

@@ -30,7 +30,7 @@ from ..types import Candidate, Case, Genome
 from ..workload import ServesWorkload, by_bucket, distance, narrow, split
 from . import dispatch, learn
 from .workload_panels import (PLAN, Plan, earlier_panels, panel_cases, panel_results, panel_winners,  # noqa: F401
-                              read_panel, table_genomes, twins)
+                              read_panel, table_genomes, twin_values, twins)
 
 TABLE = "dispatch.json"
 WINNERS = 2          # genomes of each bucket that seed its neighbours and join the panel
@@ -66,9 +66,16 @@ def plan(cfg: RunConfig) -> Plan:
         if name not in names:
             raise ConfigError(f"config key 'workload.panel_twins.{name}': {cfg.problem} has no gene {name!r}; its "
                               f"genes: {', '.join(names)}")
-        if value not in problem.space[name].choices:
-            raise ConfigError(f"config key 'workload.panel_twins.{name}': {value!r} is not one of "
-                              f"{list(problem.space[name].choices)}")
+        for v in twin_values(value):
+            if v not in problem.space[name].choices:
+                raise ConfigError(f"config key 'workload.panel_twins.{name}': {v!r} is not one of "
+                                  f"{list(problem.space[name].choices)}")
+    if not w.search and (w.searched_from or w.panels_from):
+        raise ConfigError("config key 'workload.search': false already skips the searches; it excludes "
+                          f"'workload.{'searched_from' if w.searched_from else 'panels_from'}'")
+    if not w.search and not (w.panel_from or w.panel_winners_from):
+        raise ConfigError("config key 'workload.search': false leaves the panels empty without "
+                          "'workload.panel_from' (a dispatch table) or 'workload.panel_winners_from' (a campaign)")
     return Plan(served, sets, buckets, more)
 
 
@@ -160,23 +167,9 @@ def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome
     """Step 3: per dtype, the winners of its buckets (and a table's genomes) timed on all its training shapes by
     one evaluator."""
     out, earlier, known = {}, panel_winners(cfg, p), panel_results(cfg, p)
-    space = registry.load("problem", cfg.problem).space
     for dtype in p.workload.dtypes:
         cases = panel_cases(cfg, p, dtype)
-        genomes: list[Genome] = []
-        for rank in range(WINNERS):   # every bucket's best first, then every bucket's second
-            for b, gs in found.items():
-                if b.split("/")[0] in (dtype, "any") and rank < len(gs) and gs[rank] not in genomes:
-                    genomes.append(gs[rank])
-        genomes = genomes[:cfg.workload.panel]
-        everywhere = cfg.workload.panel_all_dtypes
-        if everywhere:   # the other dtypes' bucket winners, best first
-            others = [gs[0] for b, gs in found.items() if b.split("/")[0] not in (dtype, "any") and gs]
-            genomes += [g for g in dict.fromkeys(others) if g not in genomes][:cfg.workload.panel]
-        for d in (dtype, *[d for d in p.workload.dtypes if d != dtype and everywhere]):
-            genomes += [g for g in table_genomes(cfg, d) if g not in genomes]
-            genomes += [g for g in earlier.get(d, []) if g not in genomes and space.why_infeasible(g.gene_dict) is None]
-        genomes += twins(space, genomes, cfg.workload.panel_twins)
+        genomes = panel_genomes(cfg, p, found, earlier, dtype)
         if not cases or not genomes:
             continue
         results, timed = timed_panel(cfg, cases, genomes, known.get(dtype, {}))
@@ -187,6 +180,27 @@ def panel(cfg: RunConfig, folder: Path, p: Plan, found: Mapping[str, list[Genome
               + (f" ({timed} of {len(genomes) * len(cases)} timed here, the rest from {cfg.workload.panel_times_from})"
                  if dtype in known else ""), file=sys.stderr)
     return out
+
+
+def panel_genomes(cfg: RunConfig, p: Plan, found: Mapping[str, list[Genome]],
+                  earlier: Mapping[str, list[Genome]], dtype: str) -> list[Genome]:
+    """The genomes a dtype's panel times: its buckets' winners (with panel_all_dtypes, the other dtypes' too), the
+    table's genomes, an earlier campaign's panel winners (`earlier`, by dtype), and the twins of all of them."""
+    space = registry.load("problem", cfg.problem).space
+    genomes: list[Genome] = []
+    for rank in range(WINNERS):   # every bucket's best first, then every bucket's second
+        for b, gs in found.items():
+            if b.split("/")[0] in (dtype, "any") and rank < len(gs) and gs[rank] not in genomes:
+                genomes.append(gs[rank])
+    genomes = genomes[:cfg.workload.panel]
+    everywhere = cfg.workload.panel_all_dtypes
+    if everywhere:   # the other dtypes' bucket winners, best first
+        others = [gs[0] for b, gs in found.items() if b.split("/")[0] not in (dtype, "any") and gs]
+        genomes += [g for g in dict.fromkeys(others) if g not in genomes][:cfg.workload.panel]
+    for d in (dtype, *[d for d in p.workload.dtypes if d != dtype and everywhere]):
+        genomes += [g for g in table_genomes(cfg, d) if g not in genomes]
+        genomes += [g for g in earlier.get(d, []) if g not in genomes and space.why_infeasible(g.gene_dict) is None]
+    return genomes + twins(space, genomes, cfg.workload.panel_twins)
 
 
 def timed_panel(cfg: RunConfig, cases: Sequence[Case], genomes: Sequence[Genome],
@@ -293,7 +307,8 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
     print(f"workload {campaign}: {len(p.split.train)} training and {len(p.split.heldout)} held-out shapes over "
           f"{', '.join(p.workload.dtypes)}; " + (f"learned again from {cfg.workload.panels_from}'s panels"
                                                   if cfg.workload.panels_from else
-                                                  f"{len(p.buckets)} buckets to search"), file=sys.stderr)
+                                                  f"{len(p.buckets)} buckets to search" if cfg.workload.search else
+                                                  "no search (workload.search is false)"), file=sys.stderr)
     mlflow_run = track(cfg, campaign, folder, p)
     status = "FAILED"
     try:
@@ -301,7 +316,7 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
             panels = earlier_panels(cfg, folder, p)
         else:
             with parked_workers():   # one GPU worker process serves every bucket's run and the panels
-                found = (searched_winners(cfg, p) if cfg.workload.searched_from
+                found = ({} if not cfg.workload.search else searched_winners(cfg, p) if cfg.workload.searched_from
                          else search_buckets(cfg, campaign, folder, p))
                 panels = panel(cfg, folder, p, found)
         table = learn_table(cfg.problem, panels, cfg.workload.rule_depth, campaign, cfg.workload.rule)

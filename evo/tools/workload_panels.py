@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import build, registry
+from ..evaluate import render
 from ..config import ConfigError, RunConfig
 from ..run import table_seeds
 from ..types import Case, GeneSpace, GeneValue, Genome
@@ -87,11 +88,13 @@ def panel_winners(cfg: RunConfig, p: Plan) -> dict[str, list[Genome]]:
     if not cfg.workload.panel_winners_from:
         return {}
     out = {}
+    problem = registry.load("problem", cfg.problem)
     for dtype, text in panel_texts(cfg.workload.panel_winners_from, p,
                                    "config key 'workload.panel_winners_from'").items():
         genomes, times = read_panel(text)
         wins = Counter(min(row, key=row.__getitem__) for row in times.values() if row)
-        out[dtype] = [genomes[gid] for gid, _ in wins.most_common()]
+        now = (today(problem, genomes[gid]) for gid, _ in wins.most_common())
+        out[dtype] = list(dict.fromkeys(g for g in now if g is not None))
     return out
 
 
@@ -101,10 +104,15 @@ def panel_results(cfg: RunConfig, p: Plan) -> dict[str, dict[str, dict[str, Any]
     if not cfg.workload.panel_times_from:
         return {}
     out: dict[str, dict[str, dict[str, Any]]] = {}
+    problem = registry.load("problem", cfg.problem)
     for dtype, text in panel_texts(cfg.workload.panel_times_from, p,
                                    "config key 'workload.panel_times_from'").items():
         entries = [json.loads(line) for line in text.decode().splitlines() if line.strip()]
-        out[dtype] = {Genome.from_json(e["genome"]).id: e["result"] for e in entries if e["result"]["status"] == "ok"}
+        out[dtype] = {}
+        for e in entries:   # keyed by the genome's id today, so that a gene added since does not retime it
+            g = today(problem, Genome.from_json(e["genome"]))
+            if g is not None and e["result"]["status"] == "ok":
+                out[dtype][g.id] = dict(e["result"], candidate_id=g.id)
     return out
 
 
@@ -128,15 +136,27 @@ def table_genomes(cfg: RunConfig, dtype: str) -> list[Genome]:
     return table_seeds(cfg.workload.panel_from, problem, problem.space, "workload.panel_from", dtype)
 
 
-def twins(space: GeneSpace, genomes: Sequence[Genome], values: Mapping[str, GeneValue]) -> list[Genome]:
-    """Each genome with one of `values`' genes set to its value, where that makes a new, feasible genome."""
+def twin_values(value: Any) -> list[GeneValue]:
+    """workload.panel_twins' value for one gene: one value, or a list of them."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def twins(space: GeneSpace, genomes: Sequence[Genome], values: Mapping[str, Any]) -> list[Genome]:
+    """Each genome with one of `values`' genes set to one of its values, where that makes a new, feasible genome."""
     out: list[Genome] = []
     for g in genomes:
         for name, value in values.items():
-            twin = Genome.of({**g.gene_dict, name: value}, g.patch_dict)
-            if twin not in genomes and twin not in out and space.why_infeasible(twin.gene_dict) is None:
-                out.append(twin)
+            for v in twin_values(value):
+                twin = Genome.of({**g.gene_dict, name: v}, g.patch_dict)
+                if twin not in genomes and twin not in out and space.why_infeasible(twin.gene_dict) is None:
+                    out.append(twin)
     return out
+
+
+def today(problem: Any, genome: Genome) -> Genome | None:
+    """An earlier panel's genome in the problem's space today (a gene added since at its default, which keeps the
+    binary: templates keep old genomes' meaning when they grow); None when it no longer fits the space."""
+    return render.adapt(genome.gene_dict, genome.patch_dict, problem)[0]
 
 
 def read_panel(path: Path | bytes) -> tuple[dict[str, Genome], dict[str, dict[str, float]]]:

@@ -12,6 +12,16 @@
 #   suite2 (carry .gpu-c .int21): the recording finished if it was cut, the suite's second part (the forward and op
 #       files), then KDA's first search (configs/kda_fwd.yaml) and its best genome against FLA's chunk_kda
 #   The two parts run at one commit: together they are every file of tests/gpu.
+# 2026-12-05 night, after the weight-ahead gene (w_ahead: the weight fetched before the row's reduction), back to back:
+#   wa1 (carry .gpu-a .int21): the forward's GPU test files (the gene's genomes through the gate's corners); on an
+#       H200, the forward learned again with the gene (h200-fwd-workload-7: no search, the shipped table's genomes and
+#       h200-fwd-workload-5's panel winners with their w_ahead twins; h200-fwd-workload-5's times kept, so only the
+#       twins are timed); on an H100 (whose times must not join H200 panels), the rest of the GPU suite instead
+#   wa2 (carry .gpu-b): an unfinished campaign goes on; the GPU suite's files that wa1 did not run (KDA's need
+#       FLA, which arrives with .gpu-b)
+#   wa3 (carry .gpu-c .int21): QuACK complete; the small-M study (tests/gpu/small_m_study.py: the shipped genome,
+#       its w_ahead twins and a grid's best against every peer, M <= 64); then on an H200 the campaign's held-out
+#       bench against every peer and the shipped op (a cut bench goes on with --go-on)
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -29,13 +39,17 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|panels|bwd}"
+stage="${1:?usage: campaigns.sh wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 FWD=h200-fwd-workload-5
 FWD6=h200-fwd-workload-6
 BWD=h200-bwd-workload-2
 FWD_SEARCHED=h200-fwd-workload-3
+FWD7=h200-fwd-workload-7
+FWD_FILES="tests/gpu/test_rmsnorm_fwd_tail_gpu.py tests/gpu/test_rmsnorm_fwd_wide_gpu.py
+  tests/gpu/test_rmsnorm_fwd_subwarp_gpu.py tests/gpu/test_rmsnorm_op_gpu.py"
 BWD_SEARCHED=h200-bwd-workload-1
 SUITE1="tests/gpu/test_bench_gpu.py tests/gpu/test_faults_gpu.py tests/gpu/test_gpu_evaluator.py
   tests/gpu/test_kda_fwd_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_bwd_small_gpu.py
@@ -97,7 +111,51 @@ kda_search() {   # SECONDS: KDA's first search, then its best genome against FLA
     > "$RES/kda-bench.log" 2>&1; echo "exit $?" >> "$RES/kda-bench.log"; tail -n 14 "$RES/kda-bench.log"
   pack > /dev/null
 }
+h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
+wahead() {   # SECONDS: the forward learned again with w_ahead's twins (H200 only), going on from a cut try
+  local from="docs/results/workload/$FWD"
+  [ -f "/tmp/runs/$FWD7/kernels/dispatch.json" ] && return 0
+  rm -rf "/tmp/runs/$FWD7"   # a cut try starts over (its finished panels came from the same kept times)
+  campaign configs/rmsnorm_fwd_workload.yaml "$FWD7" "$1" -o workload.search=false \
+    -o "workload.panel_winners_from=$from" -o "workload.panel_times_from=$from" \
+    -o 'workload.panel_twins={tail: peel, w_ahead: [l2, regs]}'
+}
 case "$stage" in
+wa1)
+  export KF_PEERS=liger   # QuACK completes in wa3; INT21 builds in the background meanwhile
+  setup .gpu-a
+  int21_build
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
+    | tee "$RES/gpu.txt"
+  # shellcheck disable=SC2086  # a list of test files
+  gpu_tests 240 $FWD_FILES
+  cp "$RES/gpu-tests.log" "$RES/gpu-tests-fwd.log"
+  if h200; then
+    wahead $(( 570 - SECONDS ))
+  else
+    # shellcheck disable=SC2086
+    gpu_tests $(( 570 - SECONDS )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py \
+      tests/gpu/test_bench_gpu.py tests/gpu/test_silu_mul_op_gpu.py tests/gpu/test_rmsnorm_bwd_small_gpu.py
+    touch /tmp/wa1-suite
+  fi
+  ;;
+wa2)
+  export KF_PEERS=liger
+  setup .gpu-b
+  h200 && wahead 400
+  rest="tests/gpu/test_kda_fwd_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py"
+  [ -f /tmp/wa1-suite ] || rest="$rest tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py"
+  # shellcheck disable=SC2086
+  gpu_tests $(( 570 - SECONDS )) $rest
+  ;;
+wa3)
+  setup .gpu-c
+  int21_wait 200 || exit 2
+  echo "small-M study from $SECONDS s"
+  OUT="$RES" timeout 330 python3 tests/gpu/small_m_study.py > "$RES/small_m.log" 2>&1
+  echo "exit $?" >> "$RES/small_m.log"; tail -n 8 "$RES/small_m.log"; pack > /dev/null
+  h200 && heldout "$FWD7" $(( 580 - SECONDS ))
+  ;;
 fwd6)
   export KF_PEERS=liger   # QuACK completes in call rows; INT21 builds in the background meanwhile
   setup .gpu-a
@@ -200,6 +258,6 @@ suite2)
   cp "$RES/gpu-tests.log" "$RES/gpu-tests-suite2.log"
   kda_search $(( 575 - SECONDS ))
   ;;
-*) echo "campaigns.sh: unknown stage $stage (record, suite1, suite2, fwd6, suiteb, rows, whole, kda, fwd, suite," \
+*) echo "campaigns.sh: unknown stage $stage (wa1, wa2, wa3, record, suite1, suite2, fwd6, suiteb, rows, whole, kda, fwd, suite," \
      "heldout, more, panels or bwd)" >&2; exit 2 ;;
 esac

@@ -46,6 +46,13 @@ GENOMES = {
     "cluster8_bulk_1024": dict(cluster=8, stage="smem", stage_copy="bulk", threads=1024, keep_x=False),
     "cluster16_stage": dict(cluster=16, stage="smem", threads=512),
     "cluster4_ring": dict(cluster=4, load="cp_async", unroll=1),
+    "w_regs": dict(w_ahead="regs"),
+    "w_regs_ring": dict(w_ahead="regs", load="cp_async"),
+    "w_regs_rows2_vec8": dict(w_ahead="regs", rows_per_cta=2, vec_bytes=8),
+    "w_regs_stage_rows4": dict(w_ahead="regs", stage="smem", threads=128, rows_per_cta=4),
+    "w_regs_cluster4": dict(w_ahead="regs", cluster=4),
+    "w_l2_nokeep_unroll4": dict(w_ahead="l2", keep_x=False, unroll=4),
+    "w_l2_persistent_stage": dict(w_ahead="l2", persistent=True, stage="smem"),
 }
 
 

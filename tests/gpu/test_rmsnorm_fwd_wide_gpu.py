@@ -48,6 +48,11 @@ GENOMES = {
     "persistent_bulk_rows2_smem": dict(persistent=True, stage="smem", stage_copy="bulk", rows_per_cta=2,
                                        reduce="smem"),
     "persistent_bulk_512_nokeep": dict(persistent=True, stage="smem", stage_copy="bulk", threads=512, keep_x=False),
+    "w_regs": dict(w_ahead="regs"),
+    "w_regs_cluster2_stage": dict(w_ahead="regs", cluster=2, stage="smem"),
+    "w_regs_bulk_rows2": dict(w_ahead="regs", stage="smem", stage_copy="bulk", rows_per_cta=2),
+    "w_l2_bulk_512": dict(w_ahead="l2", stage="smem", stage_copy="bulk", threads=512),
+    "w_l2_persistent": dict(w_ahead="l2", persistent=True),
 }
 
 
