@@ -131,10 +131,10 @@ wa1)
   gpu_tests 240 $FWD_FILES
   cp "$RES/gpu-tests.log" "$RES/gpu-tests-fwd.log"
   if h200; then
-    wahead $(( 570 - SECONDS ))
+    wahead $(( 480 - SECONDS ))
   else
     # shellcheck disable=SC2086
-    gpu_tests $(( 570 - SECONDS )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py \
+    gpu_tests $(( 480 - SECONDS )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py \
       tests/gpu/test_bench_gpu.py tests/gpu/test_silu_mul_op_gpu.py tests/gpu/test_rmsnorm_bwd_small_gpu.py
     touch /tmp/wa1-suite
   fi
@@ -142,11 +142,11 @@ wa1)
 wa2)
   export KF_PEERS=liger
   setup .gpu-b
-  h200 && wahead 400
+  h200 && wahead 280
   rest="tests/gpu/test_kda_fwd_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py"
   [ -f /tmp/wa1-suite ] || rest="$rest tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py"
   # shellcheck disable=SC2086
-  gpu_tests $(( 570 - SECONDS )) $rest
+  gpu_tests $(( 330 - SECONDS )) $rest
   ;;
 wa3)
   setup .gpu-c
