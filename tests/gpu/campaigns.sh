@@ -19,7 +19,8 @@
 #       twins are timed); on an H100 (whose times must not join H200 panels), the rest of the GPU suite instead
 #   wa2 (carry .gpu-b): an unfinished campaign goes on; the GPU suite's files that wa1 did not run (KDA's need
 #       FLA, which arrives with .gpu-b)
-#   wa3 (carry .gpu-c .int21): QuACK complete; the small-M study (tests/gpu/small_m_study.py: the shipped genome,
+#   wa3 (carry .gpu-c .int21): QuACK complete; the small-M study (tests/gpu/small_m_study.py: a rule for M <= 64
+#       learned from a grid timed on small-M training shapes; on held-out ones the shipped genome,
 #       its w_ahead twins and a grid's best against every peer, M <= 64); then on an H200 the campaign's held-out
 #       bench against every peer and the shipped op (a cut bench goes on with --go-on)
 # Stages not run yet:
@@ -152,7 +153,7 @@ wa3)
   setup .gpu-c
   int21_wait 200 || exit 2
   echo "small-M study from $SECONDS s"
-  OUT="$RES" timeout 330 python3 tests/gpu/small_m_study.py > "$RES/small_m.log" 2>&1
+  OUT="$RES" timeout 420 python3 tests/gpu/small_m_study.py > "$RES/small_m.log" 2>&1
   echo "exit $?" >> "$RES/small_m.log"; tail -n 8 "$RES/small_m.log"; pack > /dev/null
   h200 && heldout "$FWD7" $(( 580 - SECONDS ))
   ;;

@@ -1,14 +1,19 @@
 """Where the forward loses on few rows (issue 28), measured on a GPU host: `python3 tests/gpu/small_m_study.py`.
 
-A seeded draw of small-batch shapes (M from 1 to 64) from the problem's workload, none of them a training or held-out
-shape of the committed campaigns. Per shape, in one process: every genome of a grid (threads, keep_x, unroll, cluster,
-w_ahead; tail=peel) passes the correctness check on the shape and is timed once to rank it; then, side by side
-(interleaved sample by sample, CUDA graphs, L2 flushed before each call), the shipped op's genome for the shape (its
-dispatch table), that genome's w_ahead twins, the grid's three fastest, a copy of the row's bytes, and every peer that
-loads. Prints the rows and per-dtype geomeans of the best peer's time over ours; writes them to $OUT/small_m.txt and
-the raw times to $OUT/small_m.json when OUT is set (after every shape, so a cut call keeps what it measured).
-The grid's best per shape is an oracle (the most any rule could pick from it), not what the op runs. No assertion
-on times: a benchmark, not a test."""
+Two seeded draws of small-batch shapes (M from 1 to 64) from the problem's workload, disjoint, and none of them a
+training or held-out shape of the committed campaigns: TRAIN shapes and held-out shapes per dtype.
+1. Training: every genome of a grid (threads, vec_bytes, keep_x, unroll, cluster, w_ahead; tail=peel) passes the
+   correctness check on each training shape and is timed there; from those times a dispatch rule for M <= 64 is
+   learned per dtype (a tree or nearest shapes, whichever does better on training shapes left out in turn, as a
+   workload campaign learns; evo/tools/learn.py). Written to $OUT/small_m_rule.json with its panel.
+2. Held out, per shape, in one process: the grid ranked again on the shape (check, one timing each); then side by side
+   (interleaved sample by sample, CUDA graphs, L2 flushed before each call) the shipped op's genome for the shape (its
+   dispatch table), that genome's w_ahead twins, the small-M rule's pick, the grid's three fastest, a copy of the
+   row's bytes, and every peer that loads.
+Prints the rows and per-dtype geomeans of the best peer's time over ours; writes them to $OUT/small_m.txt and the
+raw times to $OUT/small_m.json when OUT is set (after every shape, so a cut call keeps what it measured). The grid's
+best per held-out shape is an oracle (the most any rule could pick from the grid), not what any op runs. No
+assertion on times: a benchmark, not a test."""
 from __future__ import annotations
 
 import itertools
@@ -25,7 +30,7 @@ import torch
 
 from kernel_factory.evo.evaluate import gate, launcher, measure, render
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
-from kernel_factory.evo.tools import bench, dispatch, peers
+from kernel_factory.evo.tools import bench, dispatch, learn, peers
 from kernel_factory.evo.types import Candidate, Case, Genome
 from kernel_factory.evo.workload import draw, narrow
 from kernel_factory.problems.rmsnorm_fwd import problem
@@ -33,22 +38,26 @@ from kernel_factory.problems.rmsnorm_fwd import problem
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "kernels/ops/rmsnorm_fwd.json"
 CAMPAIGNS = sorted((ROOT / "docs/results/workload").glob("h200-fwd-workload*/workload.json"))
-SEED, PER_DTYPE, TOP, REPS = 28, 10, 3, 30
+SEED, PER_DTYPE, TRAIN, TOP, REPS = 28, 10, 16, 3, 30
 # Every declared peer but QuACK tuned, which autotunes per shape at its first call (tens of seconds a shape: the
 # study's whole call for 30 shapes); its report line says so.
 LEFT_OUT = {"quack_tuned": "autotunes per shape (tens of seconds each)"}
 PEERS = tuple(p.baseline for p in problem.declared_peers if p.baseline not in LEFT_OUT)
-GRID_CHOICES = dict(threads=(128, 256, 512), keep_x=(False, True), unroll=(1, 4), cluster=(1, 2, 4, 8),
-                    w_ahead=("none", "l2", "regs"), tail=("peel",))
+GRID_CHOICES = dict(threads=(128, 256, 512), vec_bytes=(8, 16), keep_x=(False, True), unroll=(1, 4),
+                    cluster=(1, 2, 4, 8), w_ahead=("none", "l2", "regs"), tail=("peel",))
 
 
-def shapes() -> list[Case]:
-    """PER_DTYPE shapes per dtype, M in [1, 64], drawn from the workload; the campaigns' shapes left out."""
+def shapes() -> tuple[list[Case], list[Case]]:
+    """(training, held-out) shapes: TRAIN and PER_DTYPE per dtype, M in [1, 64], drawn from the workload by two
+    seeded streams; disjoint, and the campaigns' shapes left out of both."""
     seen = {Case.parse(k) for path in CAMPAIGNS for part in ("train", "heldout")
             for k in json.loads(path.read_text())[part]}
     few = narrow(problem.workload, m=(1, 64), small_m_share=1.0)
     rng = random.Random(SEED)
-    return [c for d in problem.dtypes for c in draw(few, d, PER_DTYPE, rng, exclude=seen)]
+    held = [c for d in problem.dtypes for c in draw(few, d, PER_DTYPE, rng, exclude=seen)]
+    rng = random.Random(SEED + 1)
+    train = [c for d in problem.dtypes for c in draw(few, d, TRAIN, rng, exclude=seen | set(held))]
+    return train, held
 
 
 def feasible(genes: dict) -> dict | None:
@@ -84,23 +93,50 @@ def ours(module: launcher.Module, genes: dict, case: Case, inputs: dict, stream:
     return lambda: (run(), outputs)[1]
 
 
-def measure_case(case: Case, table: dict, modules: dict, timer: measure.Timer, stream: Any,
-                 loaded: list[str]) -> dict[str, Any]:
-    inputs = problem.make_inputs(case, seed=2026, device="cuda")
-    row: dict[str, Any] = {"case": case.key, "bytes": problem.bytes_moved(case), "failed": {}, "rank_us": {}}
-    shipped = dispatch.lookup(table, case.dtype, case.shape[1], case.shape[0])[0].gene_dict
-    shipped = {**problem.space.defaults(), **shipped}
-    twins = {f"shipped w_ahead={w}": g for w in ("l2", "regs") if (g := feasible({**shipped, "w_ahead": w}))}
+def rank(case: Case, inputs: dict, modules: dict, timer: measure.Timer, stream: Any) -> tuple[dict, dict]:
+    """Every grid genome on the case: checked, then timed once (CUDA graph replays). (times by id, failures by id)"""
+    times, failed = {}, {}
     for gid, full in GRID.items():
         fn = ours(modules[gid, case.dtype], full, case, inputs, stream)
         why = bench.check(problem, case, inputs, fn)
         if why:
-            row["failed"][gid] = why
+            failed[gid] = why
             continue
-        row["rank_us"][gid] = timer.time(fn, graphs=True).median_us
+        times[gid] = timer.time(fn, graphs=True).median_us
+    return times, failed
+
+
+def learn_rules(panel: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+    """Per dtype, the small-M rule learned from the training panel (times[case][genome id]): a tree or nearest
+    shapes, whichever does better on training shapes left out in turn; with both fits."""
+    learners = {"tree": lambda t: learn.fit(t, depth=3), "near": learn.fit_near}
+    rules = {}
+    for dtype in problem.dtypes:
+        times = {k: row for k, row in panel.items() if k.startswith(dtype + ":") and row}
+        if not times:
+            continue
+        outs = {name: learn.left_out(times, fn) for name, fn in learners.items()}
+        kind = min(outs, key=lambda name: outs[name][0])
+        fitted = learners[kind](times)
+        rules[dtype] = {"rule": kind, "tree": fitted.tree, "training": fitted.slowdown,
+                        "left_out": {name: list(o) for name, o in outs.items()}}
+    return rules
+
+
+def measure_case(case: Case, table: dict, rules: dict, modules: dict, timers: tuple[measure.Timer, measure.Timer],
+                 stream: Any, loaded: list[str]) -> dict[str, Any]:
+    inputs = problem.make_inputs(case, seed=2026, device="cuda")
+    row: dict[str, Any] = {"case": case.key, "bytes": problem.bytes_moved(case)}
+    shipped = dispatch.lookup(table, case.dtype, case.shape[1], case.shape[0])[0].gene_dict
+    shipped = {**problem.space.defaults(), **shipped}
+    twins = {f"shipped w_ahead={w}": g for w in ("l2", "regs") if (g := feasible({**shipped, "w_ahead": w}))}
+    row["rank_us"], row["failed"] = rank(case, inputs, modules, timers[0], stream)
+    timer = timers[1]
     top = sorted(row["rank_us"], key=row["rank_us"].get)[:TOP]
+    picked = ({"small-M rule": GRID[learn.chosen(rules[case.dtype]["tree"], case)]}
+              if case.dtype in rules else {})
     fns: dict[str, Callable[[], Any]] = {}
-    genes_of = {"shipped": shipped, **twins, **{f"grid {gid}": GRID[gid] for gid in top}}
+    genes_of = {"shipped": shipped, **twins, **picked, **{f"grid {gid}": GRID[gid] for gid in top}}
     for name, genes in genes_of.items():
         fn = ours(modules[Genome.of(genes).id, case.dtype], genes, case, inputs, stream)
         why = bench.check(problem, case, inputs, fn)
@@ -141,6 +177,7 @@ def summary(rows: list[dict], loaded: list[str]) -> list[str]:
             grid = min((t for n, t in r["us"].items() if n.startswith("grid ")), default=math.inf)
             twin = min((t for n, t in r["us"].items() if n.startswith("shipped")), default=math.inf)
             for label, t in (("shipped", r["us"].get("shipped", math.inf)), ("shipped or its w_ahead twin", twin),
+                             ("small-M rule", r["us"].get("small-M rule", math.inf)),
                              ("grid's best (oracle)", grid)):
                 ratios.setdefault(label, []).append(best / t)
         for label, vals in ratios.items():
@@ -167,34 +204,47 @@ def lines_of(row: dict, loaded: list[str]) -> list[str]:
         ratio = f"{us[best] / us[name]:.3f}x" if best else "-"
         out.append(f"{'':>24}{name:<30} {us[name]:8.2f} us  {ratio:>7} best peer  {json.dumps(diff)}")
     out.append(f"{'':>24}peers: " + ", ".join(f"{p} {us[p]:.2f}" for p in loaded if p in us)
-               + "".join(f"; {n}: {w[:90]}" for n, w in row["failed"].items() if not n[0].isdigit()))
+               + "".join(f"; {n}: {w[:90]}" for n, w in row["failed"].items() if n not in GRID))
     return out
 
 
 def main() -> None:
     loaded = [p for p in PEERS if peers.load_error(next(x for x in problem.declared_peers if x.baseline == p)) is None]
     missing = [p for p in PEERS if p not in loaded]
-    cases = shapes()
+    train, cases = shapes()
     table = dispatch.load(str(TABLE))
-    genomes = {}
+    genomes = {(gid, case.dtype): full for case in train for gid, full in GRID.items()}
     for case in cases:
         shipped = {**problem.space.defaults(), **dispatch.lookup(table, case.dtype, case.shape[1],
                                                                   case.shape[0])[0].gene_dict}
         for genes in [shipped, *[{**shipped, "w_ahead": w} for w in ("l2", "regs")], *GRID.values()]:
             if (full := feasible(genes)) is not None:
                 genomes[Genome.of(full).id, case.dtype] = full
-    print(f"{len(cases)} shapes, {len(genomes)} (genome, dtype) builds; peers {loaded}"
-          + (f"; NOT LOADED: {missing}" if missing else ""), flush=True)
+    print(f"{len(train)} training and {len(cases)} held-out shapes, {len(GRID)} grid genomes, {len(genomes)} "
+          f"(genome, dtype) builds; peers {loaded}" + (f"; NOT LOADED: {missing}" if missing else ""), flush=True)
     modules = compile_all(genomes)
     timer, stream, copy_gbps, head = bench.session(250.0)
+    ranker = measure.Timer(measure.TimingPolicy(warmup=1, min_reps=5, max_reps=10, target_ms=0.05,
+                                                graph_below_us=250.0))
     head.update(device=torch.cuda.get_device_name(), peers=loaded, missing=missing, left_out=LEFT_OUT, seed=SEED)
-    rows: list[dict] = []
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    panel: dict[str, dict[str, float]] = {}
+    for case in train:
+        panel[case.key] = rank(case, problem.make_inputs(case, seed=2026, device="cuda"), modules, ranker, stream)[0]
+    rules = learn_rules(panel)
+    lines = [f"small-M rule {d}: {r['rule']}, on its training shapes {r['training']:.3f}x the grid's best; each left "
+             f"out in turn: " + ", ".join(f"{k} {v[0]:.3f}x (worst {v[1]:.3f}x at {v[2]})" for k, v in
+                                          r["left_out"].items()) for d, r in rules.items()]
+    print("\n".join(lines), flush=True)
+    if out:
+        (out / "small_m_rule.json").write_text(json.dumps({"head": head, "grid": GRID, "panel": panel,
+                                                           "rules": rules}, indent=1))
+    rows: list[dict] = []
     text = [f"RMSNorm forward, M <= 64, {head['device']}: median us, side by side; peers {loaded}"
             + (f" (without {', '.join(missing)}: did not load)" if missing else "")
-            + "".join(f"; {name} left out: {why}" for name, why in LEFT_OUT.items())]
+            + "".join(f"; {name} left out: {why}" for name, why in LEFT_OUT.items()), *lines]
     for case in cases:
-        rows.append(measure_case(case, table, modules, timer, stream, loaded))
+        rows.append(measure_case(case, table, rules, modules, (ranker, timer), stream, loaded))
         text += lines_of(rows[-1], loaded)
         print("\n".join(lines_of(rows[-1], loaded)), flush=True)
         if out:
