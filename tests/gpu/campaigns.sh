@@ -16,9 +16,8 @@
 #   wa1 (carry .gpu-a .int21): the forward's GPU test files (the gene's genomes through the gate's corners); on an
 #       H200, the forward learned again with the gene (h200-fwd-workload-7: no search, the shipped table's genomes and
 #       h200-fwd-workload-5's panel winners with their w_ahead twins; h200-fwd-workload-5's times kept, so only the
-#       twins are timed); on an H100 (whose times must not join H200 panels), the rest of the GPU suite instead
-#   wa2 (carry .gpu-b): an unfinished campaign goes on; the GPU suite's files that wa1 did not run (KDA's need
-#       FLA, which arrives with .gpu-b)
+#       twins are timed); on an H100 (whose times must not join H200 panels), the evaluator and fault tests instead
+#   wa2 (carry .gpu-b): QuACK's second bundle; on an H200 an unfinished campaign goes on
 #   wa3 (carry .gpu-c .int21): QuACK complete; the small-M study (tests/gpu/small_m_study.py: a rule for M <= 64
 #       learned from a grid timed on small-M training shapes; on held-out ones the shipped genome,
 #       its w_ahead twins and a grid's best against every peer, M <= 64); then on an H200 the campaign's held-out
@@ -134,20 +133,13 @@ wa1)
   if h200; then
     wahead $(( 480 - SECONDS ))
   else
-    # shellcheck disable=SC2086
-    gpu_tests $(( 480 - SECONDS )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py \
-      tests/gpu/test_bench_gpu.py tests/gpu/test_silu_mul_op_gpu.py tests/gpu/test_rmsnorm_bwd_small_gpu.py
-    touch /tmp/wa1-suite
+    gpu_tests $(( 330 - SECONDS )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py
   fi
   ;;
 wa2)
   export KF_PEERS=liger
-  setup .gpu-b
-  h200 && wahead 280
-  rest="tests/gpu/test_kda_fwd_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py"
-  [ -f /tmp/wa1-suite ] || rest="$rest tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py"
-  # shellcheck disable=SC2086
-  [ $(( 330 - SECONDS )) -gt 30 ] && gpu_tests $(( 330 - SECONDS )) $rest
+  setup .gpu-b   # the second bundle of QuACK's toolkit flavour; on an H200 a cut campaign goes on
+  h200 && wahead 240
   ;;
 wa3)
   setup .gpu-c
