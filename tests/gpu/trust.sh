@@ -32,10 +32,13 @@
 #   s4 (carry .gpu-a), after s1's paired run against torch.compile parted from its A/B by 12% (one pair's baseline
 #      stalled at 5.3x): the paired guard (evo/evaluate/paired.py); the paired GPU test, then the quickstart with
 #      paired timing against torch.compile and torch eager (agreement)
+# 2026-12-06, after the quickstart against QuACK disagreed unpaired (search 0.7601, A/B 0.7166, H100), three short
+# calls back to back: qa (carry .gpu-a) and qb (carry .gpu-b) only bring their bundles; qc (carry .gpu-c) completes
+# QuACK and runs that agreement with paired timing
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
-stage="${1:?usage: trust.sh s1|s2|s3|s4|rest|a|b|c|heldout|bench-bf16|racing|end|paired}"
+stage="${1:?usage: trust.sh qa|qb|qc|s1|s2|s3|s4|rest|a|b|c|heldout|bench-bf16|racing|end|paired}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -107,6 +110,14 @@ s3)
   AGREE_S=230 agreement quickstart-quack configs/quickstart.yaml quack -o search.generations=3
   parity quickstart-quack $(( 575 - SECONDS )) configs/quickstart.yaml quack 4
   ;;
+qa|qb)
+  KF_PEERS=liger setup ".gpu-${stage#q}"
+  ;;
+qc)
+  KF_PEERS="quack liger" setup .gpu-c
+  AGREE_S=$(( 560 - SECONDS )) agreement quickstart-quack-paired configs/quickstart.yaml quack \
+    -o search.generations=3 -o evaluator.gpu.paired=true
+  ;;
 a)
   export KF_PEERS=liger   # QuACK completes in call c; INT21 builds in the background meanwhile
   setup .gpu-a
@@ -176,5 +187,5 @@ paired)
     --sample 1000 --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
   cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
   ;;
-*) echo "trust.sh: unknown stage $stage (s1, s2, s3, s4, rest, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
+*) echo "trust.sh: unknown stage $stage (qa, qb, qc, s1, s2, s3, s4, rest, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
 esac
