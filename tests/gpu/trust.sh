@@ -115,7 +115,7 @@ qa|qb)
   ;;
 qc)
   KF_PEERS="quack liger" setup .gpu-c
-  AGREE_S=$(( 560 - SECONDS )) agreement quickstart-quack-paired configs/quickstart.yaml quack \
+  AGREE_S=${AGREE_S:-$(( 560 - SECONDS ))} agreement quickstart-quack-paired configs/quickstart.yaml quack \
     -o search.generations=3 -o evaluator.gpu.paired=true
   ;;
 a)
