@@ -180,10 +180,13 @@ def summary(rows: list[dict], loaded: list[str]) -> list[str]:
                              ("small-M rule", r["us"].get("small-M rule", math.inf)),
                              ("grid's best (oracle)", grid)):
                 ratios.setdefault(label, []).append(best / t)
+        # a best peer is the best of those that ran: the line names each one that failed on some of its shapes
+        absent = {p: sum(p not in r["us"] for r in mine) for p in loaded}
+        note = "".join(f"; {p} did not run on {k} of them" for p, k in absent.items() if k)
         for label, vals in ratios.items():
             geo = math.exp(sum(map(math.log, vals)) / len(vals))
             out.append(f"small-M fwd {dtype}: {label}: geomean {geo:.2f}x best peer over {len(vals)} shapes, "
-                       f"worst {min(vals):.2f}x")
+                       f"worst {min(vals):.2f}x{note}")
         winners = [r["genes"][n]["w_ahead"] for r in mine for n in r["genes"] if n.startswith("grid ")
                    and n in r["us"] and r["us"][n] == min(r["us"][m] for m in r["us"] if m.startswith("grid "))]
         out.append(f"small-M fwd {dtype}: w_ahead of the grid's fastest per shape: "
