@@ -1,10 +1,11 @@
-"""The `kernel-factory` command: run, resume, record, problems, new, check, lineage, export, bench, gap, report,
+"""The `kernel-factory` command: run, resume, record, problems, new, check, lineage, export, graft, bench, gap, report,
 faults, genes, ui. Bad input ends in one line naming the problem and a non-zero exit, never a traceback; what a run
 measured before an error or Ctrl-C stays in its journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes
 its report of the cases it measured."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -142,6 +143,23 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_graft(args: argparse.Namespace) -> int:
+    from . import dispatch, export
+    problem = export.problem_plugin(args.problem)
+    table_path = args.table or f"kernels/ops/{args.problem}.json"
+    try:
+        graft_file = json.loads(Path(args.graft).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read graft {args.graft!r}: {getattr(exc, 'strerror', None) or exc}") from exc
+    dtypes = [d for d in (args.dtypes or "").split(",") if d]
+    table = dispatch.graft(dispatch.load(table_path), graft_file, dtypes, where=args.graft)
+    out = Path(args.out or table_path)
+    dispatch.build(problem, table, out.parent / dispatch.CUBIN_FOLDER)
+    out.write_text(dispatch.dumps(table))
+    print(export.summary(out, table))
+    return 0
+
+
 def cmd_gap(args: argparse.Namespace) -> int:
     from . import gap
     from .peers import split_names
@@ -266,7 +284,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
-                "lineage": cmd_lineage, "export": cmd_export, "bench": cmd_bench, "gap": cmd_gap,
+                "lineage": cmd_lineage, "export": cmd_export, "graft": cmd_graft, "bench": cmd_bench, "gap": cmd_gap,
                 "report": cmd_report, "faults": cmd_faults,
                 "heldout": cmd_heldout, "genes": cmd_genes, "check": cmd_check, "new": cmd_new}
     return commands.get(args.command, cmd_ui)(args)

@@ -59,6 +59,14 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", help="the table to write (default: kernels/ops/<problem>.json)")
     exp.add_argument("--build", action="store_true", help="also compile sm_90a cubins next to it (cubins/)")
     exp.add_argument("--runs", default="runs", help="the runs folder (the config's out_dir)")
+    gra = sub.add_parser("graft", help="graft a rule learned for a region of shapes (M <= 64, say) into a dispatch "
+                                       "table, and build the kernels it adds")
+    gra.add_argument("graft", metavar="GRAFT.json", help="the region, a rule per dtype and the genes of its genomes "
+                                                        "(tests/gpu/small_m_study.py writes one)")
+    gra.add_argument("--problem", required=True)
+    gra.add_argument("--table", help="the table to graft onto (default: kernels/ops/<problem>.json)")
+    gra.add_argument("--dtypes", metavar="DTYPE,...", help="graft only these dtypes' rules (default: every one given)")
+    gra.add_argument("--out", help="the table to write (default: the --table itself)")
     hel = sub.add_parser("heldout", help="bench a workload campaign's learned dispatch on its held-out shapes")
     hel.add_argument("campaign", help="the campaign folder (holds workload.json)")
     hel.add_argument("--from", dest="from_json", metavar="BENCH.json", help="re-render a recorded held-out bench")

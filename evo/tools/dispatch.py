@@ -16,10 +16,11 @@ import gzip
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..config import ConfigError
 from ..evaluate import render
+from ...kernels import dispatch_rule
 from ...kernels import recipe as op_recipe
 from ...kernels import table as op_table
 from ..evaluate.compile import ARCH, CompileJob, compile_one, nvrtc_version
@@ -111,7 +112,7 @@ def build(problem: Problem, table: dict[str, Any], folder: str | Path) -> dict[s
                          f"without the plugin; give it a launch recipe (docs/adding-a-problem.md, the launch recipe) "
                          f"to export it")
     for genome_id, dtype in used(table):
-        wrong = op_recipe.check(problem.recipe(genome(table, genome_id).gene_dict, dtype))
+        wrong = op_recipe.check(problem.recipe(_in_space(problem, genome(table, genome_id)).gene_dict, dtype))
         if wrong:
             raise TableError(f"the launch recipe of {problem.name} genome {genome_id} ({dtype}) cannot be exported: "
                              f"{wrong[0]}")
@@ -122,7 +123,7 @@ def build(problem: Problem, table: dict[str, Any], folder: str | Path) -> dict[s
     toolchain = nvrtc_version()
     records = {}
     for genome_id, dtype in used(table):
-        g = genome(table, genome_id)
+        g = _in_space(problem, genome(table, genome_id))
         cubin = compile_cubin(problem, g, dtype)
         name = cubin_name(problem.name, genome_id, dtype)
         (folder / name).write_bytes(cubin)
@@ -142,6 +143,68 @@ def build(problem: Problem, table: dict[str, Any], folder: str | Path) -> dict[s
     return table
 
 
+def _in_space(problem: Problem, g: Genome) -> Genome:
+    """The genome with every gene of today's space, a gene added since the table was written at its default (which
+    renders the kernel it was measured as); the table keeps the id it was written with."""
+    missing = {n: v for n, v in problem.space.defaults().items() if n not in g.gene_dict}
+    return Genome.of({**g.gene_dict, **missing}, g.patch_dict) if missing else g
+
+
 def dumps(table: Mapping[str, Any]) -> str:
     """Stable text (sorted keys, one level of indent), so that a re-export of the same runs gives the same file."""
     return json.dumps(table, indent=1, sort_keys=True) + "\n"
+
+
+def graft(table: Mapping[str, Any], graft_file: Mapping[str, Any], dtypes: Sequence[str] | None = None,
+          where: str = "graft") -> dict[str, Any]:
+    """A copy of the table in which, for each dtype of the graft (or of `dtypes`), the rule first asks whether a
+    call lies in the graft's region (`{"feature": "log2_m", "le": 6.0}`: M <= 64); there the grafted rule decides,
+    elsewhere the table's own rule, unchanged. The graft file holds the region, a rule per dtype
+    (`{"rules": {dtype: {"tree": node}}}`), the genes of every genome its rules name (`"genomes"`) and where it was
+    learned (`"source"`). A rule learned for a region of shapes (few rows, say) thus joins a table learned from all
+    of them without re-learning the rest. Grafted leaves are numbered after the table's own, so that the op's
+    "rule leaf N" stays unique. Build the kernels of the result before the op runs it."""
+    region = graft_file.get("region")
+    if not isinstance(region, Mapping) or region.get("feature") not in dispatch_rule.FEATURES \
+            or not isinstance(region.get("le"), (int, float)):
+        raise TableError(f"{where}: 'region' must be {{'feature': one of {', '.join(dispatch_rule.FEATURES)}, "
+                         f"'le': a number}}, got {region!r}")
+    rules, genes = graft_file.get("rules") or {}, graft_file.get("genomes") or {}
+    wanted = list(dtypes) if dtypes else sorted(rules)
+    out = json.loads(json.dumps(table))   # a deep copy: the caller's table stays as it was
+    for dtype in wanted:
+        entry = out.get("dtypes", {}).get(dtype)
+        if dtype not in rules:
+            raise TableError(f"{where}: no rule for {dtype}; it has rules for {', '.join(sorted(rules)) or 'none'}")
+        if entry is None or "rule" not in entry:
+            raise TableError(f"{where}: the table has no learned rule for {dtype} to graft onto (a table of exact "
+                             f"widths answers by N first); learn one with a workload campaign")
+        tree = json.loads(json.dumps(rules[dtype].get("tree")))
+        wrong = dispatch_rule.check(tree, f"{where}.rules.{dtype}.tree")
+        if wrong:
+            raise TableError("; ".join(wrong))
+        for gid in dispatch_rule.leaves(tree):
+            if gid not in out["genomes"]:
+                if gid not in genes:
+                    raise TableError(f"{where}: the {dtype} rule names genome {gid}, whose genes it does not give")
+                g = Genome.of(genes[gid])
+                if g.id != gid:
+                    raise TableError(f"{where}: the genes given for genome {gid} are those of genome {g.id}")
+                out["genomes"][gid] = g.to_json()
+        _renumber(tree, 1 + max(_ids(entry["rule"]), default=0))
+        entry["rule"] = {"feature": region["feature"], "le": region["le"], "then": tree, "else": entry["rule"]}
+        entry.setdefault("grafted", []).append({"region": dict(region), "source": graft_file.get("source", where)})
+    return out
+
+
+def _ids(node: Mapping[str, Any]) -> list[int]:
+    own = [int(node["id"])] if "id" in node else []
+    return own + [i for b in ("then", "else") if b in node for i in _ids(node[b])]
+
+
+def _renumber(node: dict[str, Any], start: int) -> int:
+    """Number the leaves (and nearest-shapes nodes) of a tree from start, in leaf order; the next free number."""
+    if "leaf" in node or "near" in node:
+        node["id"] = start
+        return start + 1
+    return _renumber(node["else"], _renumber(node["then"], start))

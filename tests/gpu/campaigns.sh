@@ -22,6 +22,15 @@
 #       learned from a grid timed on small-M training shapes; on held-out ones the shipped genome,
 #       its w_ahead twins and a grid's best against every peer, M <= 64); then on an H200 the campaign's held-out
 #       bench against every peer and the shipped op (a cut bench goes on with --go-on)
+# 2026-12-06, the small-M rule learned on an H200 and grafted into the op's table (issue 28), and the GPU suite at
+# one commit on an H200 (issue 27), back to back:
+#   sm1 (carry .gpu-a .int21): the small-M study's training (a 280-genome grid, 16-CTA clusters among them, timed on
+#       48 shapes of M <= 64; rules into /tmp/small-m), then the forward's and the evaluator's GPU test files
+#   sm2 (carry .gpu-b): the rest of the GPU suite (KDA, backward, bench, faults, silu_mul)
+#   sm3 (carry .gpu-c .int21): QuACK complete; the study's held-out shapes against every peer; the rules grafted
+#       onto the shipped table for M <= 64 (`kernel-factory graft`) and that table's held-out bench against every
+#       peer and the op as shipped (h200-fwd-workload-5's held-out shapes; cut, it goes on with --go-on); then the
+#       grafted table installed and the op's GPU tests run through it
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -39,7 +48,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -120,7 +129,48 @@ wahead() {   # SECONDS: the forward learned again with w_ahead's twins (H200 onl
     -o "workload.panel_winners_from=$from" -o "workload.panel_times_from=$from" \
     -o 'workload.panel_twins={tail: peel, w_ahead: [l2, regs]}'
 }
+SMALL_M=/tmp/small-m
+GRAFT=graft-fwd-small-m
 case "$stage" in
+sm1)
+  export KF_PEERS=liger   # QuACK completes in sm3; INT21 builds in the background meanwhile
+  setup .gpu-a
+  int21_build
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
+    | tee "$RES/gpu.txt"
+  echo "small-M training from $SECONDS s"
+  OUT="$RES" timeout 330 python3 tests/gpu/small_m_study.py train --rules "$SMALL_M/small_m_rule.json" --budget 270 \
+    > "$RES/small_m_train.log" 2>&1
+  echo "exit $?" >> "$RES/small_m_train.log"; tail -n 5 "$RES/small_m_train.log"; gzip -kf "$SMALL_M/small_m_rule.json"
+  cp "$SMALL_M/small_m_rule.json.gz" "$RES/"; pack > /dev/null
+  # shellcheck disable=SC2086  # a list of test files
+  gpu_tests $(( 575 - SECONDS )) $FWD_FILES tests/gpu/test_gpu_evaluator.py
+  ;;
+sm2)
+  export KF_PEERS=liger
+  setup .gpu-b
+  gpu_tests $(( 560 - SECONDS )) tests/gpu/test_faults_gpu.py tests/gpu/test_bench_gpu.py \
+    tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_bwd_small_gpu.py tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py \
+    tests/gpu/test_silu_mul_op_gpu.py tests/gpu/test_kda_fwd_gpu.py
+  ;;
+sm3)
+  setup .gpu-c
+  int21_wait 200 || exit 2
+  [ -f "$SMALL_M/small_m_graft.json" ] || { echo "sm3: no $SMALL_M/small_m_graft.json (sm1 did not train)"; exit 2; }
+  echo "small-M held-out from $SECONDS s"
+  OUT="$RES" timeout 260 python3 tests/gpu/small_m_study.py heldout --rules "$SMALL_M/small_m_rule.json" \
+    > "$RES/small_m.log" 2>&1
+  echo "exit $?" >> "$RES/small_m.log"; tail -n 16 "$RES/small_m.log"; pack > /dev/null
+  mkdir -p "/tmp/runs/$GRAFT" && cp "docs/results/workload/$FWD/workload.json" "/tmp/runs/$GRAFT/"
+  kernel-factory graft "$SMALL_M/small_m_graft.json" --problem rmsnorm_fwd \
+    --out "/tmp/runs/$GRAFT/kernels/dispatch.json" > "$RES/graft.log" 2>&1; echo "exit $?" >> "$RES/graft.log"
+  tail -n 5 "$RES/graft.log"
+  heldout "$GRAFT" $(( 490 - SECONDS ))
+  # the grafted table as the op's own, then the op's GPU tests through it
+  cp "/tmp/runs/$GRAFT/kernels/dispatch.json" kernels/ops/rmsnorm_fwd.json
+  cp /tmp/runs/"$GRAFT"/kernels/cubins/* kernels/ops/cubins/ && cp /tmp/runs/"$GRAFT"/kernels/sources/* kernels/ops/sources/
+  gpu_tests $(( 585 - SECONDS )) tests/gpu/test_rmsnorm_op_gpu.py
+  ;;
 wa1)
   export KF_PEERS=liger   # QuACK completes in wa3; INT21 builds in the background meanwhile
   setup .gpu-a
@@ -251,6 +301,6 @@ suite2)
   cp "$RES/gpu-tests.log" "$RES/gpu-tests-suite2.log"
   kda_search $(( 575 - SECONDS ))
   ;;
-*) echo "campaigns.sh: unknown stage $stage (wa1, wa2, wa3, record, suite1, suite2, fwd6, suiteb, rows, whole, kda, fwd, suite," \
+*) echo "campaigns.sh: unknown stage $stage (sm1, sm2, sm3, wa1, wa2, wa3, record, suite1, suite2, fwd6, suiteb, rows, whole, kda, fwd, suite," \
      "heldout, more, panels or bwd)" >&2; exit 2 ;;
 esac

@@ -1,4 +1,5 @@
-"""Where the forward loses on few rows (issue 28), measured on a GPU host: `python3 tests/gpu/small_m_study.py`.
+"""Where the forward loses on few rows (issue 28), measured on a GPU host:
+`python3 tests/gpu/small_m_study.py [train|heldout|all] [--rules FILE]`.
 
 Two seeded draws of small-batch shapes (M from 1 to 64) from the problem's workload, disjoint, and none of them a
 training or held-out shape of the committed campaigns: TRAIN shapes and held-out shapes per dtype.
@@ -13,9 +14,13 @@ training or held-out shape of the committed campaigns: TRAIN shapes and held-out
 Prints the rows and per-dtype geomeans of the best peer's time over ours; writes them to $OUT/small_m.txt and the
 raw times to $OUT/small_m.json when OUT is set (after every shape, so a cut call keeps what it measured). The grid's
 best per held-out shape is an oracle (the most any rule could pick from the grid), not what any op runs. No
-assertion on times: a benchmark, not a test."""
+assertion on times: a benchmark, not a test.
+The two parts may run in separate calls on one host (`train`, then `heldout` once every peer is installed): the
+training writes its rules to --rules (default $OUT/small_m_rule.json) and, beside them, small_m_graft.json, which
+`kernel-factory graft` adds to the op's table for M <= 64."""
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -23,6 +28,7 @@ import os
 import random
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +39,7 @@ from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
 from kernel_factory.evo.tools import bench, dispatch, learn, peers
 from kernel_factory.evo.types import Candidate, Case, Genome
 from kernel_factory.evo.workload import draw, narrow
+from kernel_factory.kernels import dispatch_rule
 from kernel_factory.problems.rmsnorm_fwd import problem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +51,7 @@ SEED, PER_DTYPE, TRAIN, TOP, REPS = 28, 10, 16, 3, 30
 LEFT_OUT = {"quack_tuned": "autotunes per shape (tens of seconds each)"}
 PEERS = tuple(p.baseline for p in problem.declared_peers if p.baseline not in LEFT_OUT)
 GRID_CHOICES = dict(threads=(128, 256, 512), vec_bytes=(8, 16), keep_x=(False, True), unroll=(1, 4),
-                    cluster=(1, 2, 4, 8), w_ahead=("none", "l2", "regs"), tail=("peel",))
+                    cluster=(1, 2, 4, 8, 16), w_ahead=("none", "l2", "regs"), tail=("peel",))
 
 
 def shapes() -> tuple[list[Case], list[Case]]:
@@ -65,6 +72,7 @@ def feasible(genes: dict) -> dict | None:
     return full if problem.space.why_infeasible(full) is None else None
 
 
+RANKING = measure.TimingPolicy(warmup=1, min_reps=5, max_reps=10, target_ms=0.05, graph_below_us=250.0)
 GRID = {Genome.of(f).id: f for values in itertools.product(*GRID_CHOICES.values())
         if (f := feasible(dict(zip(GRID_CHOICES, values))))}
 
@@ -211,41 +219,69 @@ def lines_of(row: dict, loaded: list[str]) -> list[str]:
     return out
 
 
-def main() -> None:
+def graft_file(rules: dict[str, dict[str, Any]], head: dict) -> dict[str, Any]:
+    """The rules as `kernel-factory graft` reads them: for calls of M <= 64, with the genes of every genome named."""
+    named = {gid for r in rules.values() for gid in dispatch_rule.leaves(r["tree"])}
+    return {"region": {"feature": "log2_m", "le": math.log2(64)},
+            "rules": {d: {"tree": r["tree"], "rule": r["rule"], "left_out": r["left_out"]} for d, r in rules.items()},
+            "genomes": {gid: GRID[gid] for gid in sorted(named)},
+            "source": f"tests/gpu/small_m_study.py train on {head['device']}, seed {SEED + 1}, "
+                      f"{len(head['training_shapes'])} training shapes with M <= 64"}
+
+
+def train_rules(train: list[Case], out: Path | None, rules_path: Path, budget_s: float) -> dict[str, dict[str, Any]]:
+    """Part 1: the grid timed on the training shapes and the rules learned from it, written to rules_path. Past
+    budget_s, the rules are learned from the shapes timed so far (dtypes interleaved, so each keeps some)."""
+    start = time.monotonic()
+    modules = compile_all({(gid, case.dtype): full for case in train for gid, full in GRID.items()})
+    _, stream, _, head = bench.session(250.0)
+    head.update(device=torch.cuda.get_device_name(), seed=SEED)
+    ranker = measure.Timer(RANKING)
+    panel = {}
+    by_dtype = [[c for c in train if c.dtype == d] for d in problem.dtypes]
+    for case in (c for row in itertools.zip_longest(*by_dtype) for c in row if c is not None):
+        if time.monotonic() - start > budget_s:
+            print(f"training cut at {budget_s:.0f} s: {len(panel)} of {len(train)} shapes timed", flush=True)
+            break
+        panel[case.key] = rank(case, problem.make_inputs(case, seed=2026, device="cuda"), modules, ranker, stream)[0]
+    head["training_shapes"] = sorted(panel)
+    rules = learn_rules(panel)
+    rules_path.parent.mkdir(parents=True, exist_ok=True)
+    rules_path.write_text(json.dumps({"head": head, "grid": GRID, "panel": panel, "rules": rules}, indent=1))
+    (rules_path.parent / "small_m_graft.json").write_text(json.dumps(graft_file(rules, head), indent=1))
+    if out and out != rules_path.parent:
+        (out / "small_m_graft.json").write_text(json.dumps(graft_file(rules, head), indent=1))
+    return rules
+
+
+def rule_lines(rules: dict[str, dict[str, Any]]) -> list[str]:
+    return [f"small-M rule {d}: {r['rule']}, on its training shapes {r['training']:.3f}x the grid's best; each left "
+            f"out in turn: " + ", ".join(f"{k} {v[0]:.3f}x (worst {v[1]:.3f}x at {v[2]})" for k, v in
+                                         r["left_out"].items()) for d, r in rules.items()]
+
+
+def held_out(cases: list[Case], rules: dict[str, dict[str, Any]], out: Path | None) -> None:
+    """Part 2: on the held-out shapes, side by side with every peer that loads."""
     loaded = [p for p in PEERS if peers.load_error(next(x for x in problem.declared_peers if x.baseline == p)) is None]
     missing = [p for p in PEERS if p not in loaded]
-    train, cases = shapes()
     table = dispatch.load(str(TABLE))
-    genomes = {(gid, case.dtype): full for case in train for gid, full in GRID.items()}
+    genomes = {}
     for case in cases:
         shipped = {**problem.space.defaults(), **dispatch.lookup(table, case.dtype, case.shape[1],
                                                                   case.shape[0])[0].gene_dict}
         for genes in [shipped, *[{**shipped, "w_ahead": w} for w in ("l2", "regs")], *GRID.values()]:
             if (full := feasible(genes)) is not None:
                 genomes[Genome.of(full).id, case.dtype] = full
-    print(f"{len(train)} training and {len(cases)} held-out shapes, {len(GRID)} grid genomes, {len(genomes)} "
-          f"(genome, dtype) builds; peers {loaded}" + (f"; NOT LOADED: {missing}" if missing else ""), flush=True)
+    print(f"{len(cases)} held-out shapes, {len(genomes)} (genome, dtype) builds; peers {loaded}"
+          + (f"; NOT LOADED: {missing}" if missing else ""), flush=True)
     modules = compile_all(genomes)
-    timer, stream, copy_gbps, head = bench.session(250.0)
-    ranker = measure.Timer(measure.TimingPolicy(warmup=1, min_reps=5, max_reps=10, target_ms=0.05,
-                                                graph_below_us=250.0))
+    timer, stream, _, head = bench.session(250.0)
+    ranker = measure.Timer(RANKING)
     head.update(device=torch.cuda.get_device_name(), peers=loaded, missing=missing, left_out=LEFT_OUT, seed=SEED)
-    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-    panel: dict[str, dict[str, float]] = {}
-    for case in train:
-        panel[case.key] = rank(case, problem.make_inputs(case, seed=2026, device="cuda"), modules, ranker, stream)[0]
-    rules = learn_rules(panel)
-    lines = [f"small-M rule {d}: {r['rule']}, on its training shapes {r['training']:.3f}x the grid's best; each left "
-             f"out in turn: " + ", ".join(f"{k} {v[0]:.3f}x (worst {v[1]:.3f}x at {v[2]})" for k, v in
-                                          r["left_out"].items()) for d, r in rules.items()]
-    print("\n".join(lines), flush=True)
-    if out:
-        (out / "small_m_rule.json").write_text(json.dumps({"head": head, "grid": GRID, "panel": panel,
-                                                           "rules": rules}, indent=1))
     rows: list[dict] = []
     text = [f"RMSNorm forward, M <= 64, {head['device']}: median us, side by side; peers {loaded}"
             + (f" (without {', '.join(missing)}: did not load)" if missing else "")
-            + "".join(f"; {name} left out: {why}" for name, why in LEFT_OUT.items()), *lines]
+            + "".join(f"; {name} left out: {why}" for name, why in LEFT_OUT.items()), *rule_lines(rules)]
     for case in cases:
         rows.append(measure_case(case, table, rules, modules, (ranker, timer), stream, loaded))
         text += lines_of(rows[-1], loaded)
@@ -256,6 +292,29 @@ def main() -> None:
     print("\n".join(summary(rows, loaded)))
     if out:
         (out / "small_m.txt").write_text("\n".join(text) + "\n")
+
+
+def main() -> None:
+    args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    args.add_argument("part", nargs="?", choices=("train", "heldout", "all"), default="all")
+    args.add_argument("--rules", help="the training's rules file (default: $OUT/small_m_rule.json)")
+    args.add_argument("--budget", type=float, default=math.inf, metavar="SECONDS",
+                      help="training: learn from the shapes timed within this many seconds")
+    opts = args.parse_args()
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    rules_path = Path(opts.rules) if opts.rules else (out or Path(tempfile.mkdtemp())) / "small_m_rule.json"
+    train, cases = shapes()
+    print(f"{len(train)} training and {len(cases)} held-out shapes, {len(GRID)} grid genomes", flush=True)
+    if opts.part in ("train", "all"):
+        rules = train_rules(train, out, rules_path, opts.budget)
+        print("\n".join(rule_lines(rules)), flush=True)
+    else:
+        try:
+            rules = json.loads(rules_path.read_text())["rules"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise SystemExit(f"no training rules at {rules_path}: run the `train` part first ({exc})")
+    if opts.part in ("heldout", "all"):
+        held_out(cases, rules, out)
 
 
 if __name__ == "__main__":

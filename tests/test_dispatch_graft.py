@@ -1,0 +1,113 @@
+"""Grafting a rule learned for a region of shapes (few rows) into the op's dispatch table, on the CPU: inside the
+region the grafted rule decides, outside it every choice stays what it was, leaves stay uniquely numbered, bad grafts
+name what is wrong, and `kernel-factory graft` builds the kernels it adds so that the op can run them."""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from kernel_factory.evo.tools import cli, dispatch
+from kernel_factory.evo.types import Genome
+from kernel_factory.kernels import dispatch_rule
+from kernel_factory.kernels.table import Table
+from kernel_factory.problems.rmsnorm_fwd import problem
+
+SHIPPED = Path(__file__).resolve().parents[1] / "kernels/ops/rmsnorm_fwd.json"
+
+
+def _genes(**changes) -> dict:
+    return {**problem.space.defaults(), **changes}
+
+
+def _graft(dtypes=("bfloat16", "float32")) -> dict:
+    """A small-M rule per dtype: 16-CTA clusters for wide rows, 128 threads for the rest."""
+    wide, narrow = _genes(cluster=16, tail="peel", w_ahead="regs"), _genes(threads=128, keep_x=False, unroll=1)
+    ids = {Genome.of(g).id: g for g in (wide, narrow)}
+    tree = {"feature": "log2_n", "le": 13.5, "then": {"leaf": Genome.of(narrow).id, "id": 1},
+            "else": {"leaf": Genome.of(wide).id, "id": 2}}
+    return {"region": {"feature": "log2_m", "le": 6.0}, "rules": {d: {"tree": tree} for d in dtypes},
+            "genomes": ids, "source": "a test"}
+
+
+def test_a_graft_decides_in_its_region_and_leaves_every_other_choice_as_it_was():
+    table = dispatch.load(SHIPPED)
+    before = json.dumps(table, sort_keys=True)
+    grafted = dispatch.graft(table, _graft(), ["bfloat16"])
+    assert json.dumps(table, sort_keys=True) == before   # the caller's table is not touched
+    rng = random.Random(7)
+    wide, narrow = (Genome.of(_genes(cluster=16, tail="peel", w_ahead="regs")).id,
+                    Genome.of(_genes(threads=128, keep_x=False, unroll=1)).id)
+    inside = outside = 0
+    for _ in range(600):
+        dtype = rng.choice(problem.dtypes)
+        m, n = rng.choice([rng.randint(1, 64), rng.randint(65, 70000)]), rng.randint(1, 300000)
+        new, old = dispatch.lookup(grafted, dtype, n, m), dispatch.lookup(table, dtype, n, m)
+        if dtype == "bfloat16" and m <= 64:
+            inside += 1
+            assert new[0].id == (narrow if n < 2 ** 13.5 else wide)
+            assert new[0].gene_dict == Genome.of(_genes(**({"threads": 128, "keep_x": False, "unroll": 1}
+                                                         if n < 2 ** 13.5 else
+                                                         {"cluster": 16, "tail": "peel", "w_ahead": "regs"}))).gene_dict
+        else:
+            outside += 1
+            assert new == old, (dtype, m, n)
+    assert inside > 50 and outside > 300
+    entry = grafted["dtypes"]["bfloat16"]
+    ids = [n["id"] for n in _nodes(entry["rule"]) if "leaf" in n or "near" in n]
+    assert len(ids) == len(set(ids))
+    assert entry["grafted"] == [{"region": {"feature": "log2_m", "le": 6.0}, "source": "a test"}]
+    assert dispatch_rule.check(entry["rule"], "bfloat16") == []
+    assert "grafted" not in grafted["dtypes"]["float16"]
+
+
+def _nodes(node: dict) -> list[dict]:
+    return [node] + [x for b in ("then", "else") if b in node for x in _nodes(node[b])]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda g: g.update(region={"feature": "colour", "le": 6}), "'region' must be"),
+    (lambda g: g["genomes"].popitem(), "whose genes it does not give"),
+    (lambda g: g["genomes"].update({k: _genes(threads=512) for k in list(g["genomes"])[:1]}), "are those of genome"),
+    (lambda g: g["rules"]["bfloat16"]["tree"].update(feature="colour"), "colour"),
+    (lambda g: g["rules"].pop("bfloat16"), "no rule for bfloat16"),
+])
+def test_a_bad_graft_names_what_is_wrong(change, message):
+    g = _graft()
+    change(g)
+    with pytest.raises(dispatch.TableError, match=message):
+        dispatch.graft(dispatch.load(SHIPPED), g, ["bfloat16"])
+
+
+def test_a_table_without_a_rule_cannot_take_a_graft():
+    table = {"format": dispatch.FORMAT, "genomes": {}, "dtypes": {"bfloat16": {"general": {"genome": "x"}}}}
+    with pytest.raises(dispatch.TableError, match="no learned rule for bfloat16"):
+        dispatch.graft(table, _graft(), ["bfloat16"])
+
+
+def test_the_graft_command_builds_the_kernels_the_op_runs(tmp_path, capsys):
+    """One dtype of the shipped table (fewer compiles), grafted and built: the op's reader loads it runnable, each
+    cubin on disk is the one its record hashes, and at M = 1 the op runs the grafted genome."""
+    small = dispatch.load(SHIPPED)
+    small["dtypes"] = {"float32": small["dtypes"]["float32"]}
+    keep = {gid for gid, _ in dispatch.used(small)}
+    small["genomes"] = {k: v for k, v in small["genomes"].items() if k in keep}
+    small.pop("kernels")
+    (tmp_path / "t.json").write_text(json.dumps(small))
+    (tmp_path / "g.json").write_text(json.dumps(_graft(("float32",))))
+    assert cli.main(["graft", str(tmp_path / "g.json"), "--problem", "rmsnorm_fwd", "--table",
+                     str(tmp_path / "t.json"), "--out", str(tmp_path / "op/rmsnorm_fwd.json")]) == 0
+    op = Table(tmp_path / "op/rmsnorm_fwd.json")
+    wide = Genome.of(_genes(cluster=16, tail="peel", w_ahead="regs")).id
+    assert op.choose("float32", 65536, 1)[0] == wide
+    assert op.choose("float32", 65536, 4096)[0] == dispatch.lookup(small, "float32", 65536, 4096)[0].id
+    data = json.loads((tmp_path / "op/rmsnorm_fwd.json").read_text())
+    for key, record in data["kernels"].items():
+        assert hashlib.sha256((tmp_path / "op" / record["cubin"]).read_bytes()).hexdigest() == record["sha256"], key
+    assert f"{wide}:float32" in data["kernels"] and data["kernels"][f"{wide}:float32"]["recipe"]["steps"][0][
+        "cluster"] == 16
+    assert cli.main(["graft", str(tmp_path / "missing.json"), "--problem", "rmsnorm_fwd"]) == 2
+    assert "cannot read graft" in capsys.readouterr().err
