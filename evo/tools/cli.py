@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import lzma
 import os
 import sys
 from pathlib import Path
@@ -148,8 +149,9 @@ def cmd_graft(args: argparse.Namespace) -> int:
     problem = export.problem_plugin(args.problem)
     table_path = args.table or f"kernels/ops/{args.problem}.json"
     try:
-        graft_file = json.loads(Path(args.graft).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        raw = Path(args.graft).read_bytes()
+        graft_file = json.loads(lzma.decompress(raw) if args.graft.endswith(".xz") else raw)
+    except (OSError, ValueError, lzma.LZMAError) as exc:
         raise ConfigError(f"cannot read graft {args.graft!r}: {getattr(exc, 'strerror', None) or exc}") from exc
     dtypes = [d for d in (args.dtypes or "").split(",") if d]
     table = dispatch.graft(dispatch.load(table_path), graft_file, dtypes, where=args.graft)

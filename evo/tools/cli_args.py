@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
     gra = sub.add_parser("graft", help="graft a rule learned for a region of shapes (M <= 64, say) into a dispatch "
                                        "table, and build the kernels it adds")
     gra.add_argument("graft", metavar="GRAFT.json", help="the region, a rule per dtype and the genes of its genomes "
-                                                        "(tests/gpu/small_m_study.py writes one)")
+                                                        "(tests/gpu/small_m_study.py writes one); .json or .json.xz")
     gra.add_argument("--problem", required=True)
     gra.add_argument("--table", help="the table to graft onto (default: kernels/ops/<problem>.json)")
     gra.add_argument("--dtypes", metavar="DTYPE,...", help="graft only these dtypes' rules (default: every one given)")

@@ -128,7 +128,9 @@ def build(problem: Problem, table: dict[str, Any], folder: str | Path) -> dict[s
         name = cubin_name(problem.name, genome_id, dtype)
         (folder / name).write_bytes(cubin)
         stem = name[:-len(".cubin")]
-        (sources / f"{stem}.cu.gz").write_bytes(gzip.compress(source(problem, g, dtype).encode(), mtime=0))
+        # the header names the genome by the table's id (a genome from before a gene was added keeps its own)
+        text = source(problem, g, dtype).replace(f"candidate {g.id} ", f"candidate {genome_id} ", 1)
+        (sources / f"{stem}.cu.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
         records[f"{genome_id}:{dtype}"] = {
             "cubin": f"{folder.name}/{name}", "sha256": hashlib.sha256(cubin).hexdigest(),
             "source": f"{sources.name}/{stem}.cu.gz", "body_sha256": body_sha256(problem, g, dtype),

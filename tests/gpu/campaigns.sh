@@ -151,7 +151,7 @@ sm2)
   export KF_PEERS=liger
   setup .gpu-b
   # short: two failed starts took this session's device time; what it cuts is named by -vv (the rest: next session)
-  gpu_tests $(( 220 - SECONDS )) tests/gpu/test_faults_gpu.py tests/gpu/test_bench_gpu.py \
+  gpu_tests $(( 380 - SECONDS )) tests/gpu/test_faults_gpu.py tests/gpu/test_bench_gpu.py \
     tests/gpu/test_rmsnorm_bwd_small_gpu.py tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py tests/gpu/test_silu_mul_op_gpu.py \
     tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_kda_fwd_gpu.py
   ;;
