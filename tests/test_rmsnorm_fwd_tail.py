@@ -5,6 +5,7 @@ with tail=peel. tests/gpu/test_rmsnorm_fwd_tail_gpu.py runs the same genomes thr
 import hashlib
 import itertools
 import json
+import lzma
 import random
 import re
 from pathlib import Path
@@ -19,7 +20,7 @@ from kernel_factory.problems import rmsnorm_fwd as rf
 
 ROOT = Path(__file__).resolve().parents[1]
 # The op's forward table before the tail gene (and before the workload campaign replaced it): its sha256 per kernel
-TABLE = ROOT / "docs" / "results" / "workload" / "h200-fwd-workload" / "per-row-table.json"
+TABLE = ROOT / "docs" / "results" / "workload" / "h200-fwd-workload" / "per-row-table.json.xz"
 
 # Peel genomes over the paths of the template: registers and streaming, the cp.async ring, several rows per CTA,
 # persistent, staged (cp.async and bulk, with the persistent prefetch) and clusters.
@@ -84,7 +85,7 @@ def test_peel_changes_the_source_and_scalar_is_the_default():
 def shipped_rebuilds(tmp_path_factory):
     """A sample of the shipped table's kernels (built from the template before the tail gene) rebuilt from today's
     template, the tail gene at its default: (key, table record, CompileOutput)."""
-    table = json.loads(TABLE.read_text())
+    table = json.loads(lzma.decompress(TABLE.read_bytes()))
     picked = []
     for dtype in rf.problem.dtypes:   # per dtype: a staged, a cluster, a several-rows and an unstaged genome
         keys = sorted(k for k in table["kernels"] if k.endswith(f":{dtype}"))
