@@ -112,3 +112,7 @@ def test_the_graft_command_builds_the_kernels_the_op_runs(tmp_path, capsys):
         "cluster"] == 16
     assert cli.main(["graft", str(tmp_path / "missing.json"), "--problem", "rmsnorm_fwd"]) == 2
     assert "cannot read graft" in capsys.readouterr().err
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert cli.main(["graft", str(tmp_path / "list.json"), "--problem", "rmsnorm_fwd"]) == 2
+    err = capsys.readouterr().err
+    assert "must be a JSON object" in err and "Traceback" not in err

@@ -153,6 +153,8 @@ def cmd_graft(args: argparse.Namespace) -> int:
         graft_file = json.loads(lzma.decompress(raw) if args.graft.endswith(".xz") else raw)
     except (OSError, ValueError, lzma.LZMAError) as exc:
         raise ConfigError(f"cannot read graft {args.graft!r}: {getattr(exc, 'strerror', None) or exc}") from exc
+    if not isinstance(graft_file, dict):
+        raise ConfigError(f"graft {args.graft!r} must be a JSON object (region, rules, genomes, source)")
     dtypes = [d for d in (args.dtypes or "").split(",") if d]
     table = dispatch.graft(dispatch.load(table_path), graft_file, dtypes, where=args.graft)
     out = Path(args.out or table_path)
