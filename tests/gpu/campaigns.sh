@@ -130,15 +130,18 @@ wahead() {   # SECONDS: the forward learned again with w_ahead's twins (H200 onl
     -o "workload.panel_winners_from=$from" -o "workload.panel_times_from=$from" \
     -o 'workload.panel_twins={tail: peel, w_ahead: [l2, regs]}'
 }
-SMALL_M=/tmp/small-m
-GRAFT=graft-fwd-small-m
-case "$stage" in
-sm1)
-  export KF_PEERS=liger   # QuACK completes in sm3; INT21 builds in the background meanwhile
+first_call() {   # the first of three calls: the first bundle, INT21 built in the background, the GPU named
+  export KF_PEERS=liger   # QuACK imports only once the third bundle has come
   setup .gpu-a
   int21_build
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
     | tee "$RES/gpu.txt"
+}
+SMALL_M=/tmp/small-m
+GRAFT=graft-fwd-small-m
+case "$stage" in
+sm1)
+  first_call   # QuACK completes in sm3
   echo "small-M training from $SECONDS s"
   OUT="$RES" timeout 330 python3 tests/gpu/small_m_study.py train --rules "$SMALL_M/small_m_rule.json" --budget 270 \
     > "$RES/small_m_train.log" 2>&1
@@ -174,11 +177,7 @@ sm3)
   gpu_tests $(( 585 - SECONDS )) tests/gpu/test_rmsnorm_op_gpu.py
   ;;
 wa1)
-  export KF_PEERS=liger   # QuACK completes in wa3; INT21 builds in the background meanwhile
-  setup .gpu-a
-  int21_build
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
-    | tee "$RES/gpu.txt"
+  first_call   # QuACK completes in wa3
   # shellcheck disable=SC2086  # a list of test files
   gpu_tests 240 $FWD_FILES
   cp "$RES/gpu-tests.log" "$RES/gpu-tests-fwd.log"
