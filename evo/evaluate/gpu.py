@@ -27,9 +27,11 @@ class GpuEvaluator:
 
     The baseline is timed by the worker exactly as a candidate is, at setup (after a discarded first pass) and again
     every baseline_every_s seconds between candidates; each fitness is taken against the latest measurement, and
-    every measurement is kept in the run's books (accounting()["baseline"]). With paired, each candidate's cases are
-    timed interleaved with the baseline, sample by sample, as the finalists' A/B is, and its fitness is taken against
-    that paired baseline: drift between two measurements cannot enter a fitness, at twice the timing cost.
+    every measurement is kept in the run's books (accounting()["baseline"]). With paired (the default), each
+    candidate's cases are timed interleaved with the baseline, sample by sample, as the finalists' A/B is, and its
+    fitness is taken against that paired baseline: drift between two measurements cannot enter a fitness, at twice
+    the timing cost. paired: false takes each fitness against the latest re-timing instead (docs/evaluator.md says
+    where that parted from the A/B).
 
     A patched genome passes static_check first (invalid_patch / rejected are never compiled), and its SASS is
     scanned for clock and SM-id reads before it may run. A candidate whose binaries and genes equal those of one
@@ -40,7 +42,7 @@ class GpuEvaluator:
     def __init__(self, problem: Problem, cases: Sequence[Case], baseline: str, seed: int, out_dir: str, *,
                  compile_workers: int | None = None, check_seeds: int = 2, timeout_floor_s: float = 10.0,
                  min_reps: int = 5, max_reps: int = 50, target_ms: float = 1.5, graph_below_us: float = 250.0,
-                 finalist_reps: int = 100, baseline_every_s: float = 20.0, paired: bool = False):
+                 finalist_reps: int = 100, baseline_every_s: float = 20.0, paired: bool = True):
         if not baseline_every_s >= 0:
             raise ConfigError(f"config key 'evaluator.gpu.baseline_every_s' must be >= 0 seconds (0: the baseline is "
                               f"timed at setup only), got {baseline_every_s}")

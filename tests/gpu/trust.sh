@@ -35,10 +35,19 @@
 # 2026-12-06, after the quickstart against QuACK disagreed unpaired (search 0.7601, A/B 0.7166, H100), three short
 # calls back to back: qa (carry .gpu-a) and qb (carry .gpu-b) only bring their bundles; qc (carry .gpu-c) completes
 # QuACK and runs that agreement with paired timing
+# 2026-12-06 evening, after paired timing became the default (evaluator.gpu.paired), three calls back to back; every
+# agreement run below takes the default, and together with d2's and d3's test files d1's make the whole GPU suite at
+# one commit:
+#   d1 (carry .gpu-a .int21): INT21's build started; the quickstart against torch eager and torch.compile
+#      (agreement); the forward's, op's and evaluator's GPU test files
+#   d2 (carry .gpu-b): softmax against torch eager, torch.compile and Liger (agreement); the faults, bench, backward
+#      and silu_mul GPU test files
+#   d3 (carry .gpu-c .int21): QuACK complete; the quickstart against QuACK (agreement); KDA's GPU tests (FLA came
+#      with .gpu-b)
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
-stage="${1:?usage: trust.sh qa|qb|qc|s1|s2|s3|s4|rest|a|b|c|heldout|bench-bf16|racing|end|paired}"
+stage="${1:?usage: trust.sh d1|d2|d3|qa|qb|qc|s1|s2|s3|s4|rest|a|b|c|heldout|bench-bf16|racing|end|paired}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -61,6 +70,11 @@ parity() {   # NAME SECONDS CONFIG PEER BUDGET_MIN [overrides...]: time to parit
   timeout "$secs" python3 -m kernel_factory.evo.tools.parity --config "$cfg" --peer "$peer" --budget-gpu-min "$budget" \
     -o "out_dir=$RES/parity-$name" "$@" > "$RES/parity-$name.log" 2>&1; echo "exit $?" >> "$RES/parity-$name.log"
   tail -n 6 "$RES/parity-$name.log"; rm -rf "$RES/parity-$name/cache" "$RES/parity-$name/artifacts"; pack > /dev/null
+}
+suite_files() {   # SECONDS NAME FILES...: those GPU test files, each test's outcome named as it ends (-vv)
+  local secs="$1" name="$2"; shift 2
+  OUT="$RES/$name" timeout "$secs" tests/gpu/run.sh "$@" -vv --tb=short --durations=15 > "$RES/$name.log" 2>&1
+  echo "exit $?" >> "$RES/$name.log"; tail -n 4 "$RES/$name.log"; pack > /dev/null
 }
 case "$stage" in
 s1)
@@ -109,6 +123,30 @@ s3)
   int21_wait 200 || exit 2
   AGREE_S=230 agreement quickstart-quack configs/quickstart.yaml quack -o search.generations=3
   parity quickstart-quack $(( 575 - SECONDS )) configs/quickstart.yaml quack 4
+  ;;
+d1)
+  export KF_PEERS=liger   # run.sh sources the setup again and must ask for the same peers
+  setup .gpu-a
+  int21_build
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
+    | tee "$RES/gpu.txt"
+  AGREE_S=300 agreement quickstart configs/quickstart.yaml torch_eager,torch_compile -o search.generations=3
+  suite_files $(( 580 - SECONDS )) gpu-fwd tests/gpu/test_rmsnorm_fwd_tail_gpu.py tests/gpu/test_rmsnorm_fwd_wide_gpu.py \
+    tests/gpu/test_rmsnorm_fwd_subwarp_gpu.py tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_gpu_evaluator.py
+  ;;
+d2)
+  export KF_PEERS=liger
+  setup .gpu-b
+  AGREE_S=150 agreement softmax configs/softmax.yaml torch_eager,torch_compile,liger
+  suite_files $(( 580 - SECONDS )) gpu-rest tests/gpu/test_faults_gpu.py tests/gpu/test_bench_gpu.py \
+    tests/gpu/test_rmsnorm_bwd_small_gpu.py tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py \
+    tests/gpu/test_silu_mul_op_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py
+  ;;
+d3)
+  setup .gpu-c
+  int21_wait 200 || exit 2
+  AGREE_S=260 agreement quickstart-quack configs/quickstart.yaml quack -o search.generations=3
+  suite_files $(( 585 - SECONDS )) gpu-kda tests/gpu/test_kda_fwd_gpu.py
   ;;
 qa|qb)
   KF_PEERS=liger setup ".gpu-${stage#q}"
@@ -187,5 +225,5 @@ paired)
     --sample 1000 --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
   cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
   ;;
-*) echo "trust.sh: unknown stage $stage (qa, qb, qc, s1, s2, s3, s4, rest, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
+*) echo "trust.sh: unknown stage $stage (d1, d2, d3, qa, qb, qc, s1, s2, s3, s4, rest, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
 esac
