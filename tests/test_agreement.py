@@ -184,6 +184,16 @@ def test_the_best_line_prints_the_ab_figure_and_warns_when_the_search_was_off(tm
     assert rows[0]["best"] == cand.id and math.isclose(rows[0]["ab_speedup"], fin["speedup"])
     md = (tmp_path / "agreement" / "agreement.md").read_text()
     assert ("DISAGREE" in md) == (factor != 1.0)
+    # below the verdicts, what the timing cost: the options as the config set them and the run's throughput
+    # (a replay's run has no GPU time, so its table has none; rows recorded before these fields neither)
+    assert rows[0]["timed_per_gpu_minute"] == summary.timed_per_gpu_minute and rows[0]["gpu_options"] == {}
+    assert "timed candidates per GPU-minute" not in md
+    rate = random.uniform(50, 500)
+    live = [{**rows[0], "gpu_s": 41.25, "timed_per_gpu_minute": rate}, {**rows[0], "run_id": "b", "gpu_s": 2.0,
+            "timed_per_gpu_minute": rate, "gpu_options": {"paired": False, "max_reps": 20}}]
+    cost = tool.table(live, tool.TOLERANCE).split("timed candidates per GPU-minute |")[1]
+    assert f"| agree-{factor} | defaults | 41.2 | {rate:.1f} |" in cost
+    assert f"| b | max_reps: 20, paired: False | 2.0 | {rate:.1f} |" in cost
     capsys.readouterr()
     assert tool.main(["--from", str(tmp_path / "agreement" / "agreement.json")]) == code
     assert capsys.readouterr().out == md + "\n"

@@ -43,7 +43,9 @@ def row_of(path: Path) -> dict[str, Any]:
            "search_fitness": searched.fitness if searched else None,
            "ab_speedup": fin.get("speedup") if fin else None, "ab_reps": fin.get("reps") if fin else None,
            "noise": fin.get("noise") if fin else None,
-           "baseline_measurements": len(base), "baseline_range": [min(base), max(base)] if base else None}
+           "baseline_measurements": len(base), "baseline_range": [min(base), max(base)] if base else None,
+           "gpu_options": dict(run.start.config["evaluator"].get("gpu") or {}), "gpu_s": run.end.gpu_s,
+           "timed_per_gpu_minute": run.end.timed_per_gpu_minute}
     if row["search_fitness"] and row["ab_speedup"]:
         row["ab_over_search"] = row["ab_speedup"] / row["search_fitness"]
     if searched and fin:
@@ -97,7 +99,21 @@ def table(rows: Sequence[Mapping[str, Any]], tolerance: float) -> str:
                      f"{fmt(r.get('search_fitness'), '.4f')} | {fmt(r.get('ab_speedup'), '.4f')} | "
                      f"{fmt(r.get('ab_over_search'), '.4f')} | {fmt(r.get('noise'), '.1%')} | {moved} | "
                      f"{split(r.get('parts'))} | {verdict(r, tolerance)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + cost(rows)) + "\n"
+
+
+def cost(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What each run's timing cost: its evaluator.gpu options as the run's config set them (the others at their
+    defaults of the commit that ran it) and its timed candidates per GPU-minute. Rows recorded before these were
+    kept have none, and then the section is left out."""
+    timed = [r for r in rows if r.get("timed_per_gpu_minute")]
+    if not timed:
+        return []
+    lines = ["", "| run | evaluator.gpu as set | GPU s | timed candidates per GPU-minute |", "|---|---|---|---|"]
+    for r in timed:
+        opts = ", ".join(f"{k}: {v}" for k, v in sorted(r.get("gpu_options", {}).items())) or "defaults"
+        lines.append(f"| {r['run_id']} | {opts} | {r['gpu_s']:.1f} | {r['timed_per_gpu_minute']:.1f} |")
+    return lines
 
 
 def split(p: Mapping[str, Any] | None) -> str:

@@ -44,10 +44,12 @@
 #      and silu_mul GPU test files
 #   d3 (carry .gpu-c .int21): QuACK complete; the quickstart against QuACK (agreement); KDA's GPU tests (FLA came
 #      with .gpu-b)
+#   d4 (no carry, the host still warm after d3): the quickstart against torch eager and QuACK with paired: false, for
+#      the cost of pairing (timed candidates per GPU-minute beside d1's and d3's paired runs) and its agreement
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
-stage="${1:?usage: trust.sh d1|d2|d3|qa|qb|qc|s1|s2|s3|s4|rest|a|b|c|heldout|bench-bf16|racing|end|paired}"
+stage="${1:?usage: trust.sh d1|d2|d3|d4|qa|qb|qc|s1|s2|s3|s4|rest|a|b|c|heldout|bench-bf16|racing|end|paired}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -148,6 +150,13 @@ d3)
   AGREE_S=260 agreement quickstart-quack configs/quickstart.yaml quack -o search.generations=3
   suite_files $(( 585 - SECONDS )) gpu-kda tests/gpu/test_kda_fwd_gpu.py
   ;;
+d4)
+  setup
+  AGREE_S=165 agreement quickstart-unpaired configs/quickstart.yaml torch_eager -o search.generations=3 \
+    -o evaluator.gpu.paired=false
+  AGREE_S=165 agreement quickstart-quack-unpaired configs/quickstart.yaml quack -o search.generations=3 \
+    -o evaluator.gpu.paired=false
+  ;;
 qa|qb)
   KF_PEERS=liger setup ".gpu-${stage#q}"
   ;;
@@ -225,5 +234,5 @@ paired)
     --sample 1000 --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
   cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
   ;;
-*) echo "trust.sh: unknown stage $stage (d1, d2, d3, qa, qb, qc, s1, s2, s3, s4, rest, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
+*) echo "trust.sh: unknown stage $stage (d1, d2, d3, d4, qa, qb, qc, s1, s2, s3, s4, rest, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
 esac
