@@ -46,10 +46,16 @@
 #      with .gpu-b)
 #   d4 (no carry, the host still warm after d3): the quickstart against torch eager and QuACK with paired: false, for
 #      the cost of pairing (timed candidates per GPU-minute beside d1's and d3's paired runs) and its agreement
+# Not run yet: the gap report's benches again, with the op's tables as they ship now and every declared peer (QuACK
+# tuned included: the fp16/fp32 and backward parts of 2026-12-01 lacked it), one part per call on a host where QuACK
+# is complete (after c, d3 or qc; QuACK's tuning stays cached on the warm host between calls):
+#   gap PART DTYPES (no carry): `trust.sh gap fwd bfloat16`, `gap fwd float16,float32`, `gap bwd bfloat16,float16`;
+#      then on the CPU, `kernel-factory bench --from` the three JSONs into docs/results/bench/rmsnorm-h200.json, the
+#      `without` lines dropped from configs/targets/rmsnorm-h200.yaml, and `kernel-factory gap`
 # On 2026-12-02 a, b (before short calls were graph-timed: both quickstart runs and the softmax ones) and heldout ran;
 # the bench-bf16 call outlasted the device time left.
 set -uo pipefail
-stage="${1:?usage: trust.sh d1|d2|d3|d4|qa|qb|qc|s1|s2|s3|s4|rest|a|b|c|heldout|bench-bf16|racing|end|paired}"
+stage="${1:?usage: trust.sh d1|d2|d3|d4|gap|qa|qb|qc|s1|s2|s3|s4|rest|a|b|c|heldout|bench-bf16|racing|end|paired}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
 mkdir -p "$RES"
@@ -157,6 +163,13 @@ d4)
   AGREE_S=165 agreement quickstart-quack-unpaired configs/quickstart.yaml quack -o search.generations=3 \
     -o evaluator.gpu.paired=false
   ;;
+gap)
+  part="${2:?usage: trust.sh gap fwd|bwd DTYPES}" dtypes="${3:?usage: trust.sh gap fwd|bwd DTYPES}"
+  setup
+  timeout 570 kernel-factory bench --problem "rmsnorm_$part" --table "kernels/ops/rmsnorm_$part.json" \
+    --dtypes "$dtypes" --reps 20 --out "$RES/bench" --stem "$part-${dtypes//,/-}" > "$RES/bench.log" 2>&1
+  echo "exit $?" >> "$RES/bench.log"; tail -n 16 "$RES/bench.log"
+  ;;
 qa|qb)
   KF_PEERS=liger setup ".gpu-${stage#q}"
   ;;
@@ -234,5 +247,5 @@ paired)
     --sample 1000 --out .gpu-rec/rmsnorm_fwd-float16-h200.jsonl.gz > "$RES/record.log" 2>&1; tail -n 3 "$RES/record.log"
   cp .gpu-rec/rmsnorm_fwd-float16-h200* "$RES/"
   ;;
-*) echo "trust.sh: unknown stage $stage (d1, d2, d3, d4, qa, qb, qc, s1, s2, s3, s4, rest, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
+*) echo "trust.sh: unknown stage $stage (d1, d2, d3, d4, gap, qa, qb, qc, s1, s2, s3, s4, rest, a, b, c, heldout, bench-bf16, racing, end or paired)" >&2; exit 2 ;;
 esac
