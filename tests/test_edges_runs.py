@@ -227,13 +227,16 @@ def test_check_prints_each_line_once_on_stdout(capsys):
 # ---- 2. screenshots go only where they are told --------------------------------------------------------------------
 
 class FakePage:
-    """Stands in for the browser's page: a screenshot is a file with the path's name in it."""
+    """Stands in for the browser's page: a screenshot is a small RGB PNG of more colours than a palette holds."""
 
     def __init__(self, shots: list):
         self.shots = shots
 
     def screenshot(self, path: str) -> None:
-        Path(path).write_text(Path(path).name)
+        from PIL import Image
+        image = Image.new("RGB", (64, 48))
+        image.putdata([(x * 4, y * 5, (x * y) % 256) for y in range(48) for x in range(64)])
+        image.save(path)
         self.shots.append(Path(path))
 
 
@@ -252,6 +255,10 @@ def test_the_screenshot_code_writes_only_under_the_folder_it_is_given(tmp_path, 
     assert shots == paths and [p.name for p in paths] == list(screenshots.SHOTS)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()) == sorted(
         p.relative_to(tmp_path) for p in paths)
+    from PIL import Image
+    for path in paths:   # each kept with a palette of at most 256 colours, at the browser's size
+        with Image.open(path) as image:
+            assert image.mode == "P" and image.size == (64, 48) and len(image.getcolors(256) or ()) > 1
 
 
 def test_the_browser_tests_take_their_screenshots_into_tmp_path():
