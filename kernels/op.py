@@ -9,7 +9,8 @@ load() reads the problem's dispatch table (written by `kernel-factory export --b
 `kernel_factory::<problem>` once per process, with a fake implementation (so that it traces under torch.compile and
 opcheck), and returns the op. Inputs are made contiguous; M is the product of the first input's leading dimensions
 and N its last, which pick the table's kernel as for RMSNorm. On CUDA tensors of an sm_90 GPU it launches the
-table's cubins through runtime.py (on another GPU the shipped source JIT-built there); on CPU tensors, or where no
+table's cubins through runtime.py (on another GPU the shipped source JIT-built there; the kernel tuned on a
+shape's first call among the table's kernels, kernels/tune.py); on CPU tensors, or where no
 kernel can run, it runs the `reference` given to load() (the plugin's torch reference) and says so once, or says that
 it has none. Like everything in kernels/, it imports nothing of the factory's engine or plugins.
 """
@@ -24,7 +25,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import recipe as recipes
-from . import runtime
+from . import runtime, tune
 from .table import TableError
 
 _LIB = torch.library.Library("kernel_factory", "FRAGMENT")
@@ -160,7 +161,19 @@ class ExportedOp:
 
     def _launch(self, index: int, dtype: str, m: int, n: int, scalars: Mapping[str, float],
                 tensors: dict[str, torch.Tensor]) -> None:
+        runtime._context(index)
         kernel = self.kernels.kernel(dtype, m, n)
+        if tune.enabled():
+            kernel, _ = self.kernels.tuned(index, dtype, m, n, kernel, lambda k: runtime.runner(
+                self._made(index, k, dtype, m, n, scalars, tensors), index, tensors))
+        launcher = self._made(index, kernel, dtype, m, n, scalars, tensors)
+        first = tensors[self.spec.inputs[0]]
+        for name, (buf_dtype, shape) in launcher.buffers.items():
+            tensors[name] = first.new_empty(shape, dtype=getattr(torch, buf_dtype))
+        launcher.launch(torch._C._cuda_getCurrentRawStream(index), tensors)
+
+    def _made(self, index: int, kernel: runtime.Kernel, dtype: str, m: int, n: int, scalars: Mapping[str, float],
+              tensors: Mapping[str, torch.Tensor]) -> runtime.Launcher:
         asked = recipes.queried(kernel.recipe)
         aligned = {k: tensors[k].data_ptr() if k in tensors else 256 for k in sorted(asked["align"])}
         layouts = {k: (tuple(tensors[k].shape), tuple(tensors[k].stride())) for k in sorted(asked["layout"])
@@ -169,13 +182,12 @@ class ExportedOp:
                tuple(recipes.alignment(a) for a in aligned.values()))
         launcher = self._launchers.get(key)
         if launcher is None:
+            module = self.kernels.module(kernel, index)
+            if module is None:
+                raise runtime.LaunchError(f"{kernel.genome}:{dtype} has no cubin for this GPU")
             plan = recipes.evaluate(kernel.recipe, m, n, None, aligned, layouts, scalars)
-            launcher = self._launchers[key] = runtime.Launcher(self.kernels.module(kernel, index), plan)
-        first = tensors[self.spec.inputs[0]]
-        for name, (buf_dtype, shape) in launcher.buffers.items():
-            tensors[name] = first.new_empty(shape, dtype=getattr(torch, buf_dtype))
-        runtime._context(index)
-        launcher.launch(torch._C._cuda_getCurrentRawStream(index), tensors)
+            launcher = self._launchers[key] = runtime.Launcher(module, plan)
+        return launcher
 
     def fake(self, args: tuple) -> Any:
         inputs = dict(zip(self.spec.inputs, args))

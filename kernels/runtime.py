@@ -1,6 +1,8 @@
 """Load and launch the exported kernels for the library op, with torch and cuda-python's driver bindings only.
 
-The launch is decided once per (device, table, dtype, M, N, pointer alignments) and cached as a `Launcher`: loaded
+The kernel is decided once per (device, dtype, M, N): the table's rule, then first-call tuning among the dtype's
+kernels (kernels/tune.py; KF_TUNE=0: the rule alone). The launch is decided once per (device, table, kernel, dtype,
+M, N, pointer alignments) and cached as a `Launcher`: loaded
 functions, a prebuilt CUlaunchConfig per step and a packed argument buffer, so that a call only writes its tensors'
 addresses into that buffer and calls cuLaunchKernelEx (profiled in docs/op.md). On a GPU that is not sm_90 the
 source shipped with the table is JIT-compiled for that GPU with NVRTC when it compiles there; the op says once, with
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import recipe as recipes
+from . import tune
 from .table import Kernel, Table, TableError
 
 OPS_DIR = Path(__file__).resolve().parent / "ops"
@@ -197,8 +200,12 @@ class Kernels:
         self._why: dict[tuple[int, str], str | None] = {}
         self._aligned: dict[tuple[str, str], list[str]] = {}   # the tensors whose alignment a recipe reads
         self._chosen: dict[tuple[str, int, int], Kernel | None] = {}
-        self._fast: dict[tuple, Launcher] = {}   # (device, dtype, M, N, eps) -> launcher, for recipes that read no
-        self._lock = threading.Lock()            # alignment (the common case: one dict lookup per call)
+        self._fast: dict[tuple, Launcher] = {}   # (device, dtype, M, N, eps, tuning) -> launcher, for recipes that
+        self._lock = threading.Lock()            # read no alignment (the common case: one dict lookup per call)
+        self._tuned: dict[tuple[int, str, int, int], Kernel] = {}   # (device, dtype, M, N) -> the tuned pick
+        self._tune_lock = threading.Lock()
+        self._choices: tune.Choices | None = None
+        self._names: dict[int, str] = {}
 
     @property
     def table(self) -> Table:
@@ -249,25 +256,97 @@ class Kernels:
 
     def launcher(self, index: int, dtype: str, m: int, n: int, eps: float,
                  tensors: Mapping[str, Any]) -> Launcher:
-        """The cached launcher for this call's key; made (recipe evaluated, functions loaded) on first use."""
-        fast = self._fast.get((index, dtype, m, n, eps))
+        """The cached launcher for this call's key; made (kernel chosen, tuned on first use unless tuning is off,
+        recipe evaluated, functions loaded) on first use."""
+        tuning = tune.enabled()
+        fast = self._fast.get((index, dtype, m, n, eps, tuning))
         if fast is not None:
             return fast
-        kernel = self.kernel(dtype, m, n)
+        kernel, final = self.kernel(dtype, m, n), True
+        if tuning:
+            kernel, final = self.tuned(index, dtype, m, n, kernel,
+                                       lambda k: self._runner(index, k, dtype, m, n, eps, tensors))
+        found, anywhere = self._made(index, kernel, dtype, m, n, eps, tensors)
+        if anywhere and final:
+            self._fast[(index, dtype, m, n, eps, tuning)] = found
+        return found
+
+    def _made(self, index: int, kernel: Kernel, dtype: str, m: int, n: int, eps: float,
+              tensors: Mapping[str, Any]) -> tuple[Launcher, bool]:
+        """(kernel's launcher for this call, whether it serves any pointer alignment)."""
         names = self._aligned.get((kernel.genome, dtype))
         if names is None:
             names = self._aligned[(kernel.genome, dtype)] = recipes.aligned_names(kernel.recipe)
         # Scratch buffers the op allocates per call come from torch's allocator: 256-byte aligned.
         addresses = {t: tensors[t].data_ptr() if t in tensors else 256 for t in names}
-        key = (index, dtype, m, n, eps, tuple(recipes.alignment(a) for a in addresses.values()))
+        key = (index, kernel.genome, dtype, m, n, eps, tuple(recipes.alignment(a) for a in addresses.values()))
         found = self._launchers.get(key)
         if found is None:
+            module = self.module(kernel, index)
+            if module is None:
+                raise LaunchError(f"{kernel.genome}:{dtype} has no cubin for this GPU")
             plan = recipes.evaluate(kernel.recipe, m, n, eps, addresses)
-            found = Launcher(self.module(kernel, index), plan)
+            found = Launcher(module, plan)
             if len(self._launchers) > 4096:
                 self._launchers.clear()
                 self._fast.clear()
             self._launchers[key] = found
-            if not names:
-                self._fast[(index, dtype, m, n, eps)] = found
-        return found
+        return found, not names
+
+    def _runner(self, index: int, kernel: Kernel, dtype: str, m: int, n: int, eps: float,
+                tensors: Mapping[str, Any]) -> Callable[[], None]:
+        """A launch of `kernel` on this call's tensors (with scratch buffers of its own), for tuning."""
+        return runner(self._made(index, kernel, dtype, m, n, eps, tensors)[0], index, tensors)
+
+    def tuned(self, index: int, dtype: str, m: int, n: int, rule: Kernel,
+              runner_of: Callable[[Kernel], Callable[[], None]],
+              timer: Callable[..., Mapping[str, Any]] | None = None) -> tuple[Kernel, bool]:
+        """(the kernel this shape runs, whether that pick is for good): a pick made before (this process, then the
+        table's choices on disk), else every kernel of the dtype timed on this call (kernels/tune.py) and the
+        fastest kept. A call captured into a CUDA graph gets the rule's pick, not kept (False)."""
+        key = (index, dtype, m, n)
+        pick = self._tuned.get(key)
+        if pick is not None:
+            return pick, True
+        with self._tune_lock:
+            pick = self._tuned.get(key)
+            if pick is not None:
+                return pick, True
+            if self._choices is None:
+                self._choices = tune.Choices(tune.cache_path(self.problem, self.table.sha256, cache_dir().parent
+                                                             / "tuned"))
+            where = tune.Choices.key(self._device_name(index), dtype, m, n)
+            kernels = {rule.genome: rule, **{k.genome: k for k in self.table.kernels_of(dtype)}}
+            gid = self._choices.get(where)
+            if gid not in kernels:
+                if tune.capturing():
+                    return rule, False
+                gid = rule.genome
+                if len(kernels) > 1:
+                    launches = {}
+                    for g, k in kernels.items():
+                        try:
+                            launches[g] = runner_of(k)
+                        except Exception:   # not loadable here (no cubin for this GPU, a damaged one): not a
+                            continue        # candidate; the rule's pick fails on its own if it is the one
+                    gid = tune.fastest((timer or tune.time_candidates)(launches, index)) or rule.genome
+                self._choices.put(where, gid)
+            self._tuned[key] = pick = kernels[gid]
+            return pick, True
+
+    def _device_name(self, index: int) -> str:
+        if index not in self._names:
+            import torch
+            self._names[index] = torch.cuda.get_device_name(index)
+        return self._names[index]
+
+
+def runner(launcher: Launcher, index: int, tensors: Mapping[str, Any]) -> Callable[[], None]:
+    """A zero-argument launch of `launcher` on `tensors` and scratch buffers of its own, on device index's current
+    stream (as the call's own launch will be)."""
+    import torch
+    first = next(iter(tensors.values()))
+    own = {**tensors, **{name: first.new_empty(shape, dtype=getattr(torch, dt))
+                         for name, (dt, shape) in launcher.buffers.items()}}
+    stream = torch._C._cuda_getCurrentRawStream(index)
+    return lambda: launcher.launch(stream, own)

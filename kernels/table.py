@@ -88,7 +88,9 @@ class Table:
     def __init__(self, path: str | Path, runnable: bool = True):
         self.path = Path(path)
         try:
-            self.data = json.loads(self.path.read_text())
+            raw = self.path.read_bytes()
+            self.sha256 = hashlib.sha256(raw).hexdigest()
+            self.data = json.loads(raw)
         except OSError as exc:
             raise TableError(f"cannot read dispatch table {str(self.path)!r}: {exc.strerror or exc}") from exc
         except json.JSONDecodeError as exc:
@@ -124,11 +126,19 @@ class Table:
         found = self.choose(dtype, n, m)
         if found is None:
             return None
-        gid, why = found
+        return self.entry(*found, dtype)
+
+    def entry(self, gid: str, why: str, dtype: str) -> Kernel:
+        """The kernel entry of (genome, dtype); `why` says why it was chosen."""
         rec = self.data["kernels"][f"{gid}:{dtype}"]
         folder = self.path.parent
         return Kernel(gid, dtype, why, folder / rec["cubin"], rec["sha256"], rec["arch"], rec["recipe"],
                       folder / rec["source"] if rec.get("source") else None)
+
+    def kernels_of(self, dtype: str) -> list[Kernel]:
+        """Every built kernel of the dtype (what first-call tuning times: kernels/tune.py), in the table's order."""
+        return [self.entry(key.rsplit(":", 1)[0], "tuned", dtype) for key in self.data.get("kernels", {})
+                if key.rsplit(":", 1)[1] == dtype]
 
     def genes(self, genome_id: str) -> dict[str, Any]:
         """A genome's genes as exported (for explaining a choice)."""

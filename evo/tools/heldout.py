@@ -92,15 +92,16 @@ def summarize(result: Mapping[str, Any], problem: str) -> tuple[list[str], str]:
                                                                  for f in found) + ".")
     details = [line for f in found for line in f[3]]
     shipped = [line for part in parts for dtype in peers.dtypes_of(part)
-               if (line := against_op(part, dtype, problem))]
+               for line in (op_line(part, dtype, problem), against_op(part, dtype, problem)) if line]
     tuned = [p.label for p in peers.declared(registry.load("problem", problem)) if p.tuned]
     if tuned:
         said += (f" Not timed on held-out shapes, by the problem's declaration: {', '.join(tuned)} (it tunes itself "
                  f"at every new shape; it is timed on the benchmark rows).")
     cut = [f"**Partial**: {result['partial']}; only what was measured is here."] if result.get("partial") else []
     md = "\n".join(["# Held-out validation", "", said, "", *cut, *([""] if cut else []), *[f"- `{f[1]}`" for f in found], "",
-                    *(["The learned table against the op as shipped (its committed table, timed in the same process; "
-                       "above 1 the learned table is faster):", *[f"- `{line}`" for line in shipped], ""]
+                    *(["The op as shipped (its committed table at the bench's date; from 2026-12-06 on, tuned on each "
+                       "shape's first call) against the best peer, and the learned table against it, timed in the "
+                       "same process (above 1 the learned table is faster):", *[f"- `{line}`" for line in shipped], ""]
                       if shipped else []),
                     *(["Peers that did not run on every shape:", *details, ""] if details else []),
                     "| dtype | shape | ours µs | best peer | peer / ours | ours % copy | notes |",
@@ -108,8 +109,10 @@ def summarize(result: Mapping[str, Any], problem: str) -> tuple[list[str], str]:
     return [f[1] for f in found] + shipped, md
 
 
-def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: str, table: list[str]) -> str:
-    """One dtype's line (its table rows appended to `table`): geomean and worst row against the best peer that ran."""
+def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: str, table: list[str],
+             who: str = "") -> str:
+    """One dtype's line (its table rows appended to `table`): geomean and worst row against the best peer that ran;
+    `who` names what was compared when it is not the learned table ("op as shipped")."""
     ratios = []
     for r in (r for r in part["rows"] if r["dtype"] == dtype):
         ratio, peer, notes = row_ratio(r, acct.ran)
@@ -123,11 +126,22 @@ def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: 
     note = "; ".join(n for n in (acct.note(), part.get("partial") and f"cut short: {part['partial']} benched") if n)
     note = f" ({note})" if note else ""
     if not ratios:
-        return f"held-out {part_name(problem)} {SHORT[dtype]}: no shape with both ours and a peer timed{note}"
+        return f"held-out {part_name(problem)} {SHORT[dtype]}{who}: no shape with both ours and a peer timed{note}"
     geo = bench_report.geomean([v for v, _ in ratios])
     worst = min(ratios)
-    return (f"held-out {part_name(problem)} {SHORT[dtype]}: geomean {geo:.2f}x best peer over {len(ratios)} "
+    return (f"held-out {part_name(problem)} {SHORT[dtype]}{who}: geomean {geo:.2f}x best peer over {len(ratios)} "
             f"shapes{note}, worst {worst[0]:.2f}x at {worst[1]}")
+
+
+def op_line(part: Mapping[str, Any], dtype: str, problem: str) -> str | None:
+    """One dtype's line for the op as shipped (the 'factory_op' provider: its table, tuned on each shape's first
+    call) against the best peer, as the learned table's line is made; None where the op was not timed."""
+    rows = [{**r, "providers": {**r["providers"], bench.SUBJECT: r["providers"][peers.OWN_OP]}}
+            for r in part["rows"] if r["dtype"] == dtype and peers.OWN_OP in r["providers"]]
+    if not rows:
+        return None
+    return headline({**part, "rows": rows}, dtype, peers.account(part, dtype, problem), problem, [],
+                    ", op as shipped")
 
 
 def against_op(part: Mapping[str, Any], dtype: str, problem: str) -> str | None:

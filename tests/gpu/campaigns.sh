@@ -32,6 +32,15 @@
 #       onto the shipped table for M <= 64 (`kernel-factory graft`) and that table's held-out bench against every
 #       peer and the op as shipped (h200-fwd-workload-5's held-out shapes; cut, it goes on with --go-on); then the
 #       grafted table installed and the op's GPU tests run through it
+# 2026-12-06 night, after first-call tuning (kernels/tune.py: the op times its table's kernels of the dtype on a
+# shape's first call and keeps the fastest), back to back:
+#   t1 (carry .gpu-a .int21): the tuning's GPU tests, then the op's
+#   t2 (carry .gpu-b): the SiLU-mul op's (the generic op tunes too) and the bench's GPU tests; what a first call
+#       costs (tests/gpu/tune_cost.py)
+#   t3 (carry .gpu-c .int21): QuACK complete; the op's forward as shipped on h200-fwd-workload-5's held-out shapes
+#       against every peer: the table's rule (the bench's subject) and the op as users call it, tuned (factory_op)
+#   t4 (no carry): the same for the backward, on h200-bwd-workload-2's held-out shapes; t5 (no carry) goes on with
+#       what t4 left (--go-on)
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -49,7 +58,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -139,7 +148,40 @@ first_call() {   # the first of three calls: the first bundle, INT21 built in th
 }
 SMALL_M=/tmp/small-m
 GRAFT=graft-fwd-small-m
+shipped() {   # PART CAMPAIGN SECONDS [--go-on]: the op's shipped table on that campaign's held-out shapes
+  local part="$1" from="$2" secs="$3" name="shipped-$1"; shift 3
+  if [ ! -f "/tmp/runs/$name/kernels/dispatch.json" ]; then
+    mkdir -p "/tmp/runs/$name/kernels"
+    cp "docs/results/workload/$from/workload.json" "/tmp/runs/$name/"
+    cp "kernels/ops/rmsnorm_$part.json" "/tmp/runs/$name/kernels/dispatch.json"
+  fi
+  heldout "$name" "$secs" "$@"
+}
 case "$stage" in
+t1)
+  first_call   # QuACK completes in t3
+  gpu_tests $(( 570 - SECONDS )) tests/gpu/test_op_tune_gpu.py tests/gpu/test_rmsnorm_op_gpu.py
+  ;;
+t2)
+  export KF_PEERS=liger
+  setup .gpu-b
+  gpu_tests 200 tests/gpu/test_silu_mul_op_gpu.py tests/gpu/test_bench_gpu.py
+  timeout 120 python3 tests/gpu/tune_cost.py > "$RES/tune_cost.txt" 2>&1; echo "exit $?" >> "$RES/tune_cost.txt"
+  cat "$RES/tune_cost.txt"
+  ;;
+t3)
+  setup .gpu-c
+  int21_wait 200 || exit 2
+  shipped fwd "$FWD" $(( 580 - SECONDS ))
+  ;;
+t4)
+  setup
+  shipped bwd "$BWD" $(( 580 - SECONDS ))
+  ;;
+t5)
+  setup
+  shipped bwd "$BWD" $(( 580 - SECONDS )) --go-on
+  ;;
 sm1)
   first_call   # QuACK completes in sm3
   echo "small-M training from $SECONDS s"
@@ -302,6 +344,6 @@ suite2)
   cp "$RES/gpu-tests.log" "$RES/gpu-tests-suite2.log"
   kda_search $(( 575 - SECONDS ))
   ;;
-*) echo "campaigns.sh: unknown stage $stage (sm1, sm2, sm3, wa1, wa2, wa3, record, suite1, suite2, fwd6, suiteb, rows, whole, kda, fwd, suite," \
+*) echo "campaigns.sh: unknown stage $stage (t1 to t5, sm1, sm2, sm3, wa1, wa2, wa3, record, suite1, suite2, fwd6, suiteb, rows, whole, kda, fwd, suite," \
      "heldout, more, panels or bwd)" >&2; exit 2 ;;
 esac
