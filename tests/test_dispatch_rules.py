@@ -4,6 +4,7 @@ checks and the op's table reading it."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 
@@ -127,7 +128,22 @@ def test_the_left_out_report_reads_panel_files(tmp_path):
         c: rng.uniform(5, 50) for c in cases}}}) + "\n" for g in genomes))
     lines = campaign.left_out_report([str(path)]).splitlines()
     assert [line.split(":")[0] for line in lines] == ["panel-float16.jsonl tree", "panel-float16.jsonl near"]
-    assert all(re.search(r"training \d\.\d{3}x, worst \d\.\d{3}x; left out \d\.\d{3}x, worst", line) for line in lines)
+    assert all(re.search(r"training \d\.\d{3}x, worst \d\.\d{3}x; left out \d\.\d{3}x, worst .*; tuned among "
+                         r"the rule's genomes, left out \d\.\d{3}x, worst", line) for line in lines)
+
+
+def test_tuning_left_out_takes_the_best_of_the_rules_genomes():
+    rng = random.Random()
+    cases = [Case((m, n), "bfloat16") for m in (1, 64, 4096, 32768) for n in (128, 4096, 65536)]
+    times = {c.key: {f"g{j}": rng.uniform(1, 3) for j in range(6)} for c in cases}
+    logs = []
+    for c in cases:
+        rest = {k: v for k, v in times.items() if k != c.key}
+        genomes = set(dispatch_rule.leaves(learn.fit_near(rest).tree))
+        logs.append(math.log(min(times[c.key][g] for g in genomes) / min(times[c.key].values())))
+    tuned = learn.left_out(times, learn.fit_near, tuned=True)
+    assert tuned[0] == pytest.approx(math.exp(sum(logs) / len(logs)))
+    assert tuned[0] <= learn.left_out(times, learn.fit_near)[0] and tuned[1] == pytest.approx(math.exp(max(logs)))
 
 
 def test_rule_structure_errors_name_the_node():
