@@ -148,9 +148,15 @@ def time_candidates(launches: Mapping[str, Callable[[], None]], device: int) -> 
             continue
     stream.synchronize()
     first_us = [s.elapsed_time(e) * 1e3 for s, e in first]
-    flush = timed(lambda: None)
-    stream.synchronize()
-    rounds = rounds_for(first_us, flush[0].elapsed_time(flush[1]) * 1e3)
+    scrub_us = 0.0
+    if scrub is not None:   # what a round's scrubs add to its GPU time
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        scrub.zero_()
+        end.record(stream)
+        stream.synchronize()
+        scrub_us = start.elapsed_time(end) * 1e3
+    rounds = rounds_for(first_us, scrub_us)
     events: dict[str, list[tuple[Any, Any]]] = {n: [] for n in names}
     for r in range(rounds):
         for i in range(len(names)):
