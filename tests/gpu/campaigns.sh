@@ -34,9 +34,9 @@
 #       grafted table installed and the op's GPU tests run through it
 # 2026-12-06 night, after first-call tuning (kernels/tune.py: the op times its table's kernels of the dtype on a
 # shape's first call and keeps the fastest), back to back:
-#   t1 (carry .gpu-a .int21): the tuning's GPU tests, then the op's
-#   t2 (carry .gpu-b): the SiLU-mul op's GPU tests (the generic op tunes too); what a first call costs
-#       (tests/gpu/tune_cost.py)
+#   t1 (carry .gpu-a .int21): the tuning's GPU tests, then the RMSNorm op's and the SiLU-mul op's (the generic op
+#       tunes too)
+#   t2 (carry .gpu-b): what a first call costs (tests/gpu/tune_cost.py)
 #   t3 (carry .gpu-c .int21): QuACK complete; the op's forward as shipped on h200-fwd-workload-5's held-out shapes
 #       against every peer: the table's rule (the bench's subject) and the op as users call it, tuned (factory_op)
 #   t4 (no carry): the same for the backward, on h200-bwd-workload-2's held-out shapes; t5 (no carry) goes on with
@@ -160,12 +160,12 @@ shipped() {   # PART CAMPAIGN SECONDS [--go-on]: the op's shipped table on that 
 case "$stage" in
 t1)
   first_call   # QuACK completes in t3
-  gpu_tests $(( 480 - SECONDS )) tests/gpu/test_op_tune_gpu.py tests/gpu/test_rmsnorm_op_gpu.py
+  gpu_tests $(( 450 - SECONDS )) tests/gpu/test_op_tune_gpu.py tests/gpu/test_rmsnorm_op_gpu.py \
+    tests/gpu/test_silu_mul_op_gpu.py
   ;;
 t2)
   export KF_PEERS=liger
   setup .gpu-b
-  gpu_tests 150 tests/gpu/test_silu_mul_op_gpu.py
   timeout 120 python3 tests/gpu/tune_cost.py > "$RES/tune_cost.txt" 2>&1; echo "exit $?" >> "$RES/tune_cost.txt"
   cat "$RES/tune_cost.txt"
   ;;
