@@ -46,7 +46,8 @@
 #      with .gpu-b)
 #   d4 (no carry, the host still warm after d3): the quickstart against torch eager and QuACK with paired: false, for
 #      the cost of pairing (timed candidates per GPU-minute beside d1's and d3's paired runs) and its agreement
-# Not run yet: the gap report's benches again, with the op's tables as they ship now and every declared peer (QuACK
+# Not run yet: the gap report's benches again, of the op as users call it (its tables as they ship, tuned on each
+# shape's first call since 2026-12-06: kernels/tune.py) with every declared peer (QuACK
 # tuned included: the fp16/fp32 and backward parts of 2026-12-01 lacked it), one part per call on a host where QuACK
 # is complete (after c, d3 or qc; QuACK's tuning stays cached on the warm host between calls):
 #   gap PART DTYPES (no carry): `trust.sh gap fwd bfloat16`, `gap fwd float16,float32`, `gap bwd bfloat16,float16`;
@@ -166,7 +167,7 @@ d4)
 gap)
   part="${2:?usage: trust.sh gap fwd|bwd DTYPES}" dtypes="${3:?usage: trust.sh gap fwd|bwd DTYPES}"
   setup
-  timeout 570 kernel-factory bench --problem "rmsnorm_$part" --table "kernels/ops/rmsnorm_$part.json" \
+  timeout 570 kernel-factory bench --problem "rmsnorm_$part" --op \
     --dtypes "$dtypes" --reps 20 --out "$RES/bench" --stem "$part-${dtypes//,/-}" > "$RES/bench.log" 2>&1
   echo "exit $?" >> "$RES/bench.log"; tail -n 16 "$RES/bench.log"
   ;;
