@@ -58,9 +58,12 @@ ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def chosen_genomes(entry: Mapping[str, Any]) -> list[str]:
-    """Every genome id one dtype's entry can dispatch to: the rule's leaves, the exact widths' and the general."""
+    """Every genome id one dtype's entry can run: the rule's leaves, the exact widths', the general, and the
+    candidates that only first-call tuning times (kernels/tune.py: a campaign's panel winners the rule does not
+    name)."""
     rule = dispatch_rule.leaves(entry["rule"]) if "rule" in entry else []
-    return [*rule, *(e["genome"] for e in entry.get("by_n", {}).values()), entry["general"]["genome"]]
+    return [*rule, *(e["genome"] for e in entry.get("by_n", {}).values()), entry["general"]["genome"],
+            *entry.get("candidates", [])]
 
 
 def choose_in(data: Mapping[str, Any], dtype: str, n: int, m: int = 1) -> tuple[str, str] | None:

@@ -116,3 +116,36 @@ def test_the_graft_command_builds_the_kernels_the_op_runs(tmp_path, capsys):
     assert cli.main(["graft", str(tmp_path / "list.json"), "--problem", "rmsnorm_fwd"]) == 2
     err = capsys.readouterr().err
     assert "must be a JSON object" in err and "Traceback" not in err
+
+
+def test_widen_adds_the_panel_winners_the_table_does_not_run_as_tuning_candidates(tmp_path, capsys):
+    table = json.loads(SHIPPED.read_text())
+    entry = table["dtypes"]["float16"]
+    named = set(table_chosen := dispatch.op_table.chosen_genomes(entry))
+    rng = random.Random()
+    fresh = [Genome.of(_genes(threads=t, unroll=u)) for t in (128, 512) for u in (1, 4)]
+    fresh = [g for g in fresh if g.id not in named]
+    old = Genome.from_json(table["genomes"][table_chosen[0]])
+    cases = [f"float16:{m}x{n}" for m in (3, 700, 9000) for n in (96, 4100, 20000)]
+    winner_of = {c: rng.choice([*fresh, old]) for c in cases}
+    lines = [json.dumps({"genome": g.to_json(), "result": {"status": "ok", "times_us": {
+        c: (5.0 if winner_of[c].id == g.id else rng.uniform(6, 9)) for c in cases}}}) for g in [*fresh, old]]
+    rule_before, before = json.dumps(entry["rule"], sort_keys=True), list(entry.get("candidates", []))
+    added = dispatch.widen(table, {"float16": "\n".join(lines).encode(), "float64": b""})
+    want = [g.id for g in fresh if any(w.id == g.id for w in winner_of.values())]
+    assert added == {"float16": len(want)} and entry["candidates"][:len(before)] == before
+    assert sorted(entry["candidates"][len(before):]) == sorted(want)
+    assert all(table["genomes"][g]["genes"] == next(f for f in fresh if f.id == g).to_json()["genes"] for g in want)
+    assert json.dumps(entry["rule"], sort_keys=True) == rule_before          # the rule picks as before
+    assert dispatch.widen(table, {"float16": "\n".join(lines).encode()}) == {"float16": 0}   # nothing twice
+    assert set(dispatch.op_table.chosen_genomes(entry)) == named | set(want)
+
+
+def test_widen_reads_a_committed_campaigns_packed_panels_and_refuses_a_folder_without(tmp_path, capsys):
+    from kernel_factory.evo.tools.workload_panels import folder_panels
+    panels = folder_panels(Path(__file__).resolve().parents[1] / "docs/results/workload/h200-bwd-workload-2")
+    assert sorted(panels) == ["bfloat16", "float16", "float32"] and all(p.startswith(b'{"genome"')
+                                                                         for p in panels.values())
+    assert cli.main(["widen", str(tmp_path), "--problem", "rmsnorm_bwd"]) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert str(tmp_path) in err and "panels.tar.xz" in err and "Traceback" not in err

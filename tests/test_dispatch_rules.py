@@ -129,21 +129,23 @@ def test_the_left_out_report_reads_panel_files(tmp_path):
     lines = campaign.left_out_report([str(path)]).splitlines()
     assert [line.split(":")[0] for line in lines] == ["panel-float16.jsonl tree", "panel-float16.jsonl near"]
     assert all(re.search(r"training \d\.\d{3}x, worst \d\.\d{3}x; left out \d\.\d{3}x, worst .*; tuned among "
-                         r"the rule's genomes, left out \d\.\d{3}x, worst", line) for line in lines)
+                         r"the table's genomes, left out \d\.\d{3}x, worst", line) for line in lines)
 
 
-def test_tuning_left_out_takes_the_best_of_the_rules_genomes():
+def test_tuning_left_out_takes_the_best_of_the_tables_genomes():
     rng = random.Random()
     cases = [Case((m, n), "bfloat16") for m in (1, 64, 4096, 32768) for n in (128, 4096, 65536)]
     times = {c.key: {f"g{j}": rng.uniform(1, 3) for j in range(6)} for c in cases}
     logs = []
     for c in cases:
         rest = {k: v for k, v in times.items() if k != c.key}
-        genomes = set(dispatch_rule.leaves(learn.fit_near(rest).tree))
+        genomes = set(dispatch_rule.leaves(learn.fit(rest).tree)) | set(learn.winners(rest))
         logs.append(math.log(min(times[c.key][g] for g in genomes) / min(times[c.key].values())))
-    tuned = learn.left_out(times, learn.fit_near, tuned=True)
+    tuned = learn.left_out(times, learn.fit, tuned=True)
     assert tuned[0] == pytest.approx(math.exp(sum(logs) / len(logs)))
-    assert tuned[0] <= learn.left_out(times, learn.fit_near)[0] and tuned[1] == pytest.approx(math.exp(max(logs)))
+    assert tuned[0] <= learn.left_out(times, learn.fit)[0] and tuned[1] == pytest.approx(math.exp(max(logs)))
+    counts = {g: sum(min(row, key=row.get) == g for row in times.values()) for c in times for g in times[c]}
+    assert learn.winners(times) == sorted((g for g in counts if counts[g]), key=lambda g: (-counts[g], g))
 
 
 def test_rule_structure_errors_name_the_node():

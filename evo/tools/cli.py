@@ -1,4 +1,4 @@
-"""The `kernel-factory` command: run, resume, record, problems, new, check, lineage, export, graft, bench, gap, report,
+"""The `kernel-factory` command: run, resume, record, problems, new, check, lineage, export, graft, widen, bench, gap, report,
 faults, genes, ui. Bad input ends in one line naming the problem and a non-zero exit, never a traceback; what a run
 measured before an error or Ctrl-C stays in its journal and MLflow, and a bench stopped by Ctrl-C or SIGTERM writes
 its report of the cases it measured."""
@@ -164,6 +164,20 @@ def cmd_graft(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_widen(args: argparse.Namespace) -> int:
+    from . import dispatch, export, workload_panels
+    problem = export.problem_plugin(args.problem)
+    table_path = args.table or f"kernels/ops/{args.problem}.json"
+    table = dispatch.load(table_path)
+    added = dispatch.widen(table, workload_panels.folder_panels(args.campaign))
+    out = Path(args.out or table_path)
+    dispatch.build(problem, table, out.parent / dispatch.CUBIN_FOLDER)
+    out.write_text(dispatch.dumps(table))
+    print(export.summary(out, table))
+    print("tuning candidates added: " + ", ".join(f"{d} {n}" for d, n in added.items()))
+    return 0
+
+
 def cmd_gap(args: argparse.Namespace) -> int:
     from . import gap
     from .peers import split_names
@@ -288,7 +302,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
-                "lineage": cmd_lineage, "export": cmd_export, "graft": cmd_graft, "bench": cmd_bench, "gap": cmd_gap,
+                "lineage": cmd_lineage, "export": cmd_export, "graft": cmd_graft, "widen": cmd_widen, "bench": cmd_bench, "gap": cmd_gap,
                 "report": cmd_report, "faults": cmd_faults,
                 "heldout": cmd_heldout, "genes": cmd_genes, "check": cmd_check, "new": cmd_new}
     return commands.get(args.command, cmd_ui)(args)

@@ -67,6 +67,12 @@ def parser() -> argparse.ArgumentParser:
     gra.add_argument("--table", help="the table to graft onto (default: kernels/ops/<problem>.json)")
     gra.add_argument("--dtypes", metavar="DTYPE,...", help="graft only these dtypes' rules (default: every one given)")
     gra.add_argument("--out", help="the table to write (default: the --table itself)")
+    wid = sub.add_parser("widen", help="add a workload campaign's panel winners to a dispatch table as candidates "
+                                       "for the op's first-call tuning, and build their kernels")
+    wid.add_argument("campaign", help="the campaign folder (panel-<dtype>.jsonl or panels.tar.xz)")
+    wid.add_argument("--problem", required=True)
+    wid.add_argument("--table", help="the table to widen (default: kernels/ops/<problem>.json)")
+    wid.add_argument("--out", help="the table to write (default: the --table itself)")
     hel = sub.add_parser("heldout", help="bench a workload campaign's learned dispatch on its held-out shapes")
     hel.add_argument("campaign", help="the campaign folder (holds workload.json)")
     hel.add_argument("--from", dest="from_json", metavar="BENCH.json", help="re-render a recorded held-out bench")

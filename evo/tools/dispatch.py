@@ -157,6 +157,27 @@ def dumps(table: Mapping[str, Any]) -> str:
     return json.dumps(table, indent=1, sort_keys=True) + "\n"
 
 
+def widen(table: dict[str, Any], panels: Mapping[str, bytes | Path]) -> dict[str, int]:
+    """Adds to each dtype's entry, as candidates for first-call tuning (kernels/tune.py), the genomes fastest on
+    some shape of its campaign panel (panel-<dtype>.jsonl) that the table does not run yet, with their genes; the
+    rule is unchanged. Returns how many were added per dtype (build() then compiles them)."""
+    from . import learn
+    from .workload_panels import read_panel
+    added = {}
+    for dtype, panel in sorted(panels.items()):
+        entry = table.get("dtypes", {}).get(dtype)
+        if entry is None:
+            continue
+        genomes, times = read_panel(panel)
+        have = set(op_table.chosen_genomes(entry))
+        extra = [g for g in learn.winners(times) if g not in have]
+        entry["candidates"] = [*entry.get("candidates", []), *extra]
+        for gid in extra:
+            table["genomes"][gid] = genomes[gid].to_json()
+        added[dtype] = len(extra)
+    return added
+
+
 def graft(table: Mapping[str, Any], graft_file: Mapping[str, Any], dtypes: Sequence[str] | None = None,
           where: str = "graft") -> dict[str, Any]:
     """A copy of the table in which, for each dtype of the graft (or of `dtypes`), the rule first asks whether a

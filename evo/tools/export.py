@@ -300,8 +300,9 @@ def summary(path: Path, table: Mapping[str, Any]) -> str:
         gen = entry["general"]
         if "rule" in entry:
             fit = entry.get("fit", {})
-            lines.append(f"  {dtype}: learned rule over {len(set(dispatch.op_table.chosen_genomes(entry)))} genomes "
-                         f"(training geomean {fit.get('slowdown', float('nan')):.3f}x the fastest measured per "
+            extra = len(entry.get("candidates", []))
+            lines.append(f"  {dtype}: learned rule over {len(set(dispatch.op_table.chosen_genomes(entry))) - extra} "
+                         f"genomes{f' and {extra} tuning candidates' if extra else ''} (training geomean {fit.get('slowdown', float('nan')):.3f}x the fastest measured per "
                          f"shape), general {gen['genome']}")
             continue
         how = gen["provenance"].get("evaluator")

@@ -256,6 +256,8 @@ def learn_table(problem_name: str, panels: Mapping[str, Path], depth: int, campa
                                           "left_out": {"slowdown": out[0], "worst": out[1], "worst_case": out[2]},
                                           "rule": kind, **({"left_out_of": {n: o[0] for n, o in outs.items()}}
                                                            if len(outs) > 1 else {})}}
+        named = set(dispatch.op_table.chosen_genomes(table["dtypes"][dtype]))
+        table["dtypes"][dtype]["candidates"] = [g for g in learn.winners(times) if g not in named]
         for gid in {general, *dispatch.op_table.chosen_genomes(table["dtypes"][dtype])}:
             table["genomes"][gid] = genomes[gid].to_json()
         print(f"workload: rule {dtype} ({kind}): {len(set(dispatch.op_table.chosen_genomes(table['dtypes'][dtype])))} "
@@ -340,7 +342,8 @@ def run_campaign(cfg: RunConfig, campaign: str | None = None) -> Path:
 
 def left_out_report(paths: Sequence[str], depth: int = 4) -> str:
     """Per panel file and learner (a tree of `depth`, nearest shapes): the fit on its training shapes and on each
-    shape left out of the learning in turn, by the rule's pick and by first-call tuning among the rule's genomes.
+    shape left out of the learning in turn, by the rule's pick and by first-call tuning among the table's genomes
+    (the rule's and the other shapes' winners).
     `python -m kernel_factory.evo.tools.workload PANEL.jsonl ...`"""
     lines = []
     for path in paths:
@@ -349,7 +352,7 @@ def left_out_report(paths: Sequence[str], depth: int = 4) -> str:
             fitted, out = learner(times), learn.left_out(times, learner)
             tuned = learn.left_out(times, learner, tuned=True)
             lines.append(f"{Path(path).name} {name}: training {fitted.slowdown:.3f}x, worst {fitted.worst:.3f}x; "
-                         f"left out {out[0]:.3f}x, worst {out[1]:.3f}x at {out[2]}; tuned among the rule's "
+                         f"left out {out[0]:.3f}x, worst {out[1]:.3f}x at {out[2]}; tuned among the table's "
                          f"genomes, left out {tuned[0]:.3f}x, worst {tuned[1]:.3f}x at {tuned[2]}")
     return "\n".join(lines)
 

@@ -82,6 +82,22 @@ def panel_texts(folder: str, p: Plan, key: str) -> dict[str, bytes]:
     return out
 
 
+def folder_panels(folder: str | Path) -> dict[str, bytes]:
+    """A campaign folder's panel files by dtype (panel-<dtype>.jsonl, or packed in its panels.tar.xz), whatever its
+    plan; ConfigError naming the folder when it holds none."""
+    src = Path(folder)
+    out = {p.name[len("panel-"):-len(".jsonl")]: p.read_bytes() for p in sorted(src.glob("panel-*.jsonl"))}
+    if not out and (src / "panels.tar.xz").is_file():
+        with tarfile.open(src / "panels.tar.xz") as packed:
+            for name in packed.getnames():
+                if name.startswith("panel-") and name.endswith(".jsonl"):
+                    out[name[len("panel-"):-len(".jsonl")]] = packed.extractfile(name).read()
+    if not out:
+        raise ConfigError(f"{str(src)!r} holds no panel-<dtype>.jsonl and no panels.tar.xz with them: give a workload "
+                          f"campaign's folder")
+    return out
+
+
 def panel_winners(cfg: RunConfig, p: Plan) -> dict[str, list[Genome]]:
     """workload.panel_winners_from: by dtype, the genomes of an earlier campaign's panel that were fastest on some
     training shape, fastest on the most shapes first."""
