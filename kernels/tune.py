@@ -2,9 +2,9 @@
 holds for that dtype on the call's own tensors and keep the fastest, for this process and on disk.
 
 Why: the learned rule picks one genome per shape from a few dozen training shapes, and on shapes left out of its
-learning that pick was 1.06x to 1.19x slower than the best of the table's own genomes there (the campaigns' panels,
-each training shape left out in turn; docs/op.md). Timing the table's kernels on the shape itself closes most of
-that, as QuACK's and Triton's autotuners do, without compiling anything: every candidate is a shipped cubin.
+learning that pick is often well behind the best of the genomes its campaign found (docs/op.md, "Which kernel").
+Timing the table's kernels on the shape itself closes most of that, as QuACK's and Triton's autotuners do, without
+compiling anything: every candidate is a shipped cubin.
 
 How it times: each candidate is launched once to load it, then in R rounds (R from 3 to 9, fewer for slow
 kernels), each round every candidate in a rotated order, each launch after a write of twice the L2 size (so that
@@ -14,7 +14,8 @@ Every candidate writes the call's own outputs; the chosen one runs last, so the 
 
 Switches: KF_TUNE=0 turns tuning off (the rule decides, as before); `with rule_only():` does so for one thread.
 Choices are kept in a JSON file per table (by its sha256) in KF_TUNE_CACHE (a folder; empty: in memory only), by
-default the per-user cache folder's kernel-factory/tuned: a later process reuses them and times nothing. Needs torch only when it times.
+default the per-user cache folder's kernel-factory/tuned: a later process reuses them and times nothing. Needs torch
+only when it times.
 """
 from __future__ import annotations
 
