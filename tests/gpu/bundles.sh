@@ -8,7 +8,7 @@
 # Writes (all git-ignored):
 #   .gpu-a/  every wheel of .whl and .whl-baselines except the large cutlass CUDA-toolkit flavour
 #   .gpu-b/  that flavour's first half   (NAME.whl.part-1-of-2), and .whl-kda's wheels (FLA, for kda_fwd)
-#   .gpu-c/  its second half             (NAME.whl.part-2-of-2)
+#   .gpu-c/  its second half             (NAME.whl.part-2-of-2), and QuACK's TVM FFI wheel
 # On the host, `source tests/gpu/host_setup.sh .gpu-a` (then .gpu-b, then .gpu-c, one device call each, back to
 # back) collects them in /tmp, joins the parts once all have arrived, and installs; .gpu-c completes QuACK.
 # A wheel is split only when it is larger than BUNDLE_MIB; a part's name says how many parts make the wheel, so
@@ -45,6 +45,11 @@ done
 # the KDA forward's peer (FLA, small wheels) rides in .gpu-b, which has room beside its half of the large wheel
 for w in .whl-kda/*.whl; do
   [ -e "$w" ] && cp "$w" .gpu-b/
+done
+# QuACK's TVM FFI wheel is needed only once QuACK completes: it rides in .gpu-c, so that .gpu-a leaves room for the
+# checkout (with the op's widened tables, 15 MB) under a call's 64 MiB
+for w in .gpu-a/apache_tvm_ffi-*.whl; do
+  [ -e "$w" ] && mv "$w" .gpu-c/
 done
 for d in .gpu-a .gpu-b .gpu-c; do
   bytes=$(du -cb "$d" | tail -1 | cut -f1)
