@@ -14,14 +14,28 @@ from kernel_factory.evo.protocols import EvaluatorInfo
 from kernel_factory.evo.tools import record_gpu
 from kernel_factory.evo.tools.record_cpu import rejected
 from kernel_factory.evo.types import BuildInfo, Candidate, EvalResult, Status
+from conftest import write_synthetic_recording
 
 LOG = "rmsnorm_fwd.cu(88): error: identifier \"stage_buf\" is undefined"
 
 
-def test_outside_rule_failures_round_trip_and_replay_answers_them(tmp_path, rmsnorm, bench_cases,
-                                                                   synthetic_recording):
-    rec = recording.read(synthetic_recording)
-    genome, why = next(rejected(rmsnorm.space))
+SMALL = {"threads": [1024], "rows_per_cta": [1], "vec_bytes": [16], "load": ["plain", "cp_async"], "store": ["plain"],
+         "keep_x": [False, True], "reduce": ["shfl"], "rsqrt": ["approx"], "unroll": [2, 4]}
+
+
+def small_recording(tmp_path, rmsnorm, bench_cases):
+    """A recording over a small space whose rule-rejected genomes include both kinds (shared memory, spills); the
+    genes it does not name at their defaults, as a recording made before they existed reads."""
+    fixed = {g.name: SMALL.get(g.name, [g.default]) for g in rmsnorm.space.genes}
+    rec = recording.read(write_synthetic_recording(tmp_path / "small-all.jsonl.gz", rmsnorm, bench_cases,
+                                                     choices=fixed))
+    return recording.write(dataclasses.replace(rec, header={**rec.header, "space": SMALL}), tmp_path / "small.jsonl.gz")
+
+
+def test_outside_rule_failures_round_trip_and_replay_answers_them(tmp_path, rmsnorm, bench_cases):
+    rec = recording.read(small_recording(tmp_path, rmsnorm, bench_cases))
+    space = rmsnorm.space.restricted(recording.covered_choices(rec.header, rmsnorm.space))
+    genome, why = next(rejected(space))
     assert rmsnorm.space.why_infeasible(genome.gene_dict) == why
     failed = EvalResult(genome.id, Status.COMPILE_ERROR, build={"bfloat16": BuildInfo(compile_s=0.4)},
                         message=f"bfloat16: {LOG}")
@@ -39,7 +53,7 @@ def test_outside_rule_failures_round_trip_and_replay_answers_them(tmp_path, rmsn
     (result,) = replay.evaluate([Candidate(genome, operator="gene_mutation")])
     assert result.status is Status.COMPILE_ERROR and result.fitness == 0.0 and LOG in result.message
     assert result.message.startswith(f"outside the problem's rule ({why})")
-    other = next(g for g, _ in rejected(rmsnorm.space) if g.id != genome.id)
+    other = next(g for g, _ in rejected(space) if g.id != genome.id)
     assert replay.space.why_infeasible(other.gene_dict) is not None   # only what the recording answers
 
     strict = ReplayEvaluator(rmsnorm, bench_cases, "torch_eager", 0, str(tmp_path), recording=str(path),
@@ -65,19 +79,8 @@ class FakeGpu:
         pass
 
 
-SMALL = {"threads": [1024], "rows_per_cta": [1], "vec_bytes": [16], "load": ["plain", "cp_async"], "store": ["plain"],
-         "keep_x": [False, True], "reduce": ["shfl"], "rsqrt": ["approx"], "unroll": [2, 4]}
-
-
-def small_recording(tmp_path, synthetic_recording):
-    """The recording over a small space whose rule-rejected genomes include both kinds (shared memory, spills)."""
-    rec = recording.read(synthetic_recording)
-    return recording.write(dataclasses.replace(rec, header={**rec.header, "space": SMALL}), tmp_path / "small.jsonl.gz")
-
-
-def test_outside_rule_on_gpu_keeps_the_failures_and_lists_the_passes(tmp_path, monkeypatch, rmsnorm,
-                                                                      synthetic_recording):
-    path = small_recording(tmp_path, synthetic_recording)
+def test_outside_rule_on_gpu_keeps_the_failures_and_lists_the_passes(tmp_path, monkeypatch, rmsnorm, bench_cases):
+    path = small_recording(tmp_path, rmsnorm, bench_cases)
     fake = FakeGpu(rmsnorm.space)
     monkeypatch.setattr(build, "need_gpu", lambda cfg, what: None)
     monkeypatch.setattr(build, "make_evaluator", lambda run, kind, race=True: fake)
@@ -97,10 +100,10 @@ def test_outside_rule_on_gpu_keeps_the_failures_and_lists_the_passes(tmp_path, m
 
 
 def test_outside_rule_cut_short_keeps_what_it_measured_and_the_same_command_finishes(tmp_path, monkeypatch, rmsnorm,
-                                                                                      synthetic_recording):
+                                                                                      bench_cases):
     """A time limit or a kill mid-way loses nothing: each result is in out's .partial.jsonl as it arrives, and the
     same command run again measures only the rest, then writes the same recording as one uninterrupted run."""
-    path = small_recording(tmp_path, synthetic_recording)
+    path = small_recording(tmp_path, rmsnorm, bench_cases)
     monkeypatch.setattr(record_gpu, "CHUNK", 2)
     monkeypatch.setattr(build, "need_gpu", lambda cfg, what: None)
     cfg = config.parse({"problem": "rmsnorm_fwd", "dtypes": ["bfloat16"], "shapes": "benchmark",
