@@ -182,11 +182,8 @@ class ExportedOp:
                tuple(recipes.alignment(a) for a in aligned.values()))
         launcher = self._launchers.get(key)
         if launcher is None:
-            module = self.kernels.module(kernel, index)
-            if module is None:
-                raise runtime.LaunchError(f"{kernel.genome}:{dtype} has no cubin for this GPU")
             plan = recipes.evaluate(kernel.recipe, m, n, None, aligned, layouts, scalars)
-            launcher = self._launchers[key] = runtime.Launcher(module, plan)
+            launcher = self._launchers[key] = runtime.Launcher(self.kernels.loaded(kernel, index), plan)
         return launcher
 
     def fake(self, args: tuple) -> Any:

@@ -245,6 +245,13 @@ class Kernels:
                 self._modules[key] = Module(cubin) if cubin is not None else None
             return self._modules[key]
 
+    def loaded(self, kernel: Kernel, index: int) -> Module:
+        """module(), or LaunchError where the kernel has no cubin for this GPU (not a tuning candidate there)."""
+        found = self.module(kernel, index)
+        if found is None:
+            raise LaunchError(f"{kernel.genome}:{kernel.dtype} has no cubin for this GPU")
+        return found
+
     def kernel(self, dtype: str, m: int, n: int) -> Kernel | None:
         """The table's choice for (dtype, M, N), decided once."""
         key = (dtype, m, n)
@@ -282,11 +289,8 @@ class Kernels:
         key = (index, kernel.genome, dtype, m, n, eps, tuple(recipes.alignment(a) for a in addresses.values()))
         found = self._launchers.get(key)
         if found is None:
-            module = self.module(kernel, index)
-            if module is None:
-                raise LaunchError(f"{kernel.genome}:{dtype} has no cubin for this GPU")
             plan = recipes.evaluate(kernel.recipe, m, n, eps, addresses)
-            found = Launcher(module, plan)
+            found = Launcher(self.loaded(kernel, index), plan)
             if len(self._launchers) > 4096:
                 self._launchers.clear()
                 self._fast.clear()

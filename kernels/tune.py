@@ -49,9 +49,10 @@ def rule_only() -> Iterator[None]:
         _thread.rule_only = before
 
 
-def rounds_for(first_us: Sequence[float], flush_us: float) -> int:
-    """Rounds such that they take about BUDGET_S of GPU time, given each candidate's first launch (µs)."""
-    per_round = sum(first_us) + flush_us * len(first_us)
+def rounds_for(first_us: Sequence[float], scrub_us: float) -> int:
+    """Rounds such that they take about BUDGET_S of GPU time, given each candidate's first launch and one L2 scrub
+    (µs)."""
+    per_round = sum(first_us) + scrub_us * len(first_us)
     if per_round <= 0:
         return ROUNDS[1]
     return max(ROUNDS[0], min(ROUNDS[1], int(BUDGET_S * 1e6 / per_round)))

@@ -100,10 +100,9 @@ def fit_near(times: Mapping[str, Mapping[str, float]], k: int = 3, vec_weight: f
 
 
 def winners(times: Mapping[str, Mapping[str, float]]) -> list[str]:
-    """Every genome fastest on some case, the most cases first (then by id): what a table holds for first-call
-    tuning (kernels/tune.py) besides the genomes its rule names."""
-    count = Counter(min(row, key=row.get) for row in times.values() if row)
-    return sorted(count, key=lambda g: (-count[g], g))
+    """Every genome fastest on some case, the most cases first (ties: the first case's order): what a table holds for
+    first-call tuning (kernels/tune.py) besides the genomes its rule names, and a campaign's panel winners."""
+    return [g for g, _ in Counter(min(row, key=row.get) for row in times.values() if row).most_common()]
 
 
 def left_out(times: Mapping[str, Mapping[str, float]], learner: Any, tuned: bool = False) -> tuple[float, float, str]:

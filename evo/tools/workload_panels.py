@@ -7,7 +7,6 @@ import dataclasses
 import json
 import sys
 import tarfile
-from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -108,8 +107,7 @@ def panel_winners(cfg: RunConfig, p: Plan) -> dict[str, list[Genome]]:
     for dtype, text in panel_texts(cfg.workload.panel_winners_from, p,
                                    "config key 'workload.panel_winners_from'").items():
         genomes, times = read_panel(text)
-        wins = Counter(min(row, key=row.__getitem__) for row in times.values() if row)
-        now = (today(problem, genomes[gid]) for gid, _ in wins.most_common())
+        now = (today(problem, genomes[gid]) for gid in learn.winners(times))
         out[dtype] = list(dict.fromkeys(g for g in now if g is not None))
     return out
 
