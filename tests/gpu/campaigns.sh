@@ -44,6 +44,16 @@
 #       the call's full 600 s: its bench stops itself at 560 s and copies what it measured into $OUT. Ran t1-t3; t4's
 #       first try lacked .int21 (the peer check stopped it), its second was cut by a 540 s call limit before the
 #       bench's own limit, so nothing came back (next session)
+# 2026-12-07, where the forward's small shapes lose (issue 28) and the backward as shipped, tuned (issue 29), back to
+# back:
+#   p1 (carry .gpu-a .int21): QuACK's first bundle, INT21 built in the background (nothing else: the host is warm
+#       for the next call within seconds)
+#   p2 (carry .gpu-b): QuACK's second bundle
+#   p3 (carry .gpu-c .int21): QuACK complete; tests/gpu/latency_probe.py (the table's kernels, a minimal kernel with
+#       and without code in its way, the op, every peer and a copy, flushed and hot, on seeded small shapes); then the
+#       backward as shipped on h200-bwd-workload-2's held-out shapes against every peer (the rest of the call)
+#   p4 (carry .int21): that bench goes on (--go-on), 560 s
+#   p5 (carry .int21): what is left of it, or the gap report's forward rows
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -61,7 +71,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -161,6 +171,34 @@ shipped() {   # PART CAMPAIGN SECONDS [--go-on]: the op's shipped table on that 
   heldout "$name" "$secs" "$@"
 }
 case "$stage" in
+p1)
+  first_call   # QuACK completes in p3
+  ;;
+p2)
+  export KF_PEERS=liger
+  setup .gpu-b
+  ;;
+p3)
+  setup .gpu-c
+  int21_wait 200 || exit 2
+  OUT="$RES" timeout 260 python3 tests/gpu/latency_probe.py --budget 220 > "$RES/latency_probe.log" 2>&1
+  echo "exit $?" >> "$RES/latency_probe.log"; grep "^latency\|^exit" "$RES/latency_probe.log"; pack > /dev/null
+  shipped bwd "$BWD" $(( 570 - SECONDS ))
+  ;;
+p4)
+  setup
+  shipped bwd "$BWD" $(( 560 - SECONDS )) --go-on
+  ;;
+p5)
+  setup
+  if grep -q "^held-out bwd fp32, op as shipped" /tmp/runs/shipped-bwd/heldout.md 2>/dev/null; then
+    timeout $(( 560 - SECONDS )) kernel-factory bench --problem rmsnorm_fwd --op --dtypes bfloat16,float16,float32 \
+      --reps 20 --out "$RES/bench" --stem fwd-all > "$RES/bench.log" 2>&1; echo "exit $?" >> "$RES/bench.log"
+    tail -n 16 "$RES/bench.log"
+  else
+    shipped bwd "$BWD" $(( 560 - SECONDS )) --go-on
+  fi
+  ;;
 t1)
   first_call   # QuACK completes in t3
   gpu_tests $(( 450 - SECONDS )) tests/gpu/test_op_tune_gpu.py tests/gpu/test_rmsnorm_op_gpu.py \
