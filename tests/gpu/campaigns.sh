@@ -48,7 +48,8 @@
 # back:
 #   p1 (carry .gpu-a .int21): QuACK's first bundle, INT21 built in the background (nothing else: the host is warm
 #       for the next call within seconds)
-#   p2 (carry .gpu-b): QuACK's second bundle
+#   p2 (carry .gpu-b): QuACK's second bundle; the backward op's run-to-run spread on small batches
+#       (tests/gpu/jitter.py, M <= 1025; the peers then loaded beside it, QuACK and INT21 not yet)
 #   p3 (carry .gpu-c .int21): QuACK complete; tests/gpu/latency_probe.py (the table's kernels, a minimal kernel with
 #       and without code in its way, the op, every peer and a copy, flushed and hot, on seeded small shapes); then the
 #       backward as shipped on h200-bwd-workload-2's held-out shapes against every peer (the rest of the call)
@@ -177,6 +178,8 @@ p1)
 p2)
   export KF_PEERS=liger
   setup .gpu-b
+  OUT="$RES" timeout 170 python3 tests/gpu/jitter.py --problem rmsnorm_bwd > "$RES/jitter.log" 2>&1
+  echo "exit $?" >> "$RES/jitter.log"; tail -n 12 "$RES/jitter.log"
   ;;
 p3)
   setup .gpu-c
