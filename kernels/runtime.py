@@ -320,7 +320,7 @@ class Kernels:
                 self._choices = tune.Choices(tune.cache_path(self.problem, self.table.sha256, cache_dir().parent
                                                              / "tuned"))
             where = tune.Choices.key(self._device_name(index), dtype, m, n)
-            kernels = {rule.genome: rule, **{k.genome: k for k in self.table.kernels_of(dtype)}}
+            kernels = {rule.genome: rule, **{k.genome: k for k in self.table.kernels_of(dtype, m, n)}}
             gid = self._choices.get(where)
             if gid not in kernels:
                 if tune.capturing():

@@ -63,7 +63,30 @@ def chosen_genomes(entry: Mapping[str, Any]) -> list[str]:
     name)."""
     rule = dispatch_rule.leaves(entry["rule"]) if "rule" in entry else []
     return [*rule, *(e["genome"] for e in entry.get("by_n", {}).values()), entry["general"]["genome"],
-            *entry.get("candidates", [])]
+            *(candidate_id(c) for c in entry.get("candidates", []))]
+
+
+def candidate_id(candidate: str | Mapping[str, Any]) -> str:
+    """A tuning candidate's genome id: a candidate is the id itself, or {"genome": id, "where": region} for one
+    timed only on calls inside the region (a study's winners for the shapes it measured, e.g. narrow rows)."""
+    return candidate if isinstance(candidate, str) else candidate["genome"]
+
+
+def in_region(region: Mapping[str, Any] | None, dtype: str, m: int, n: int) -> bool:
+    """Whether a call of M rows of width n lies in a region {"feature": one of dispatch_rule.FEATURES, "le": value}
+    (None: everywhere)."""
+    if region is None:
+        return True
+    return dispatch_rule.features(m, n, ELEM_BYTES[dtype])[region["feature"]] <= region["le"]
+
+
+def region_problems(region: Any, where: str) -> list[str]:
+    """What is wrong with a region, each problem naming `where`."""
+    if not isinstance(region, Mapping) or region.get("feature") not in dispatch_rule.FEATURES \
+            or not isinstance(region.get("le"), (int, float)) or isinstance(region.get("le"), bool):
+        return [f"{where}: a region is {{'feature': one of {', '.join(dispatch_rule.FEATURES)}, 'le': a number}}, "
+                f"got {region!r}"]
+    return []
 
 
 def choose_in(data: Mapping[str, Any], dtype: str, n: int, m: int = 1) -> tuple[str, str] | None:
@@ -105,6 +128,9 @@ class Table:
                              f"write one with `kernel-factory export ... --build`")
         for dtype, entry in self.data.get("dtypes", {}).items():
             problems = dispatch_rule.check(entry["rule"], f"{dtype}.rule") if "rule" in entry else []
+            problems += [p for i, c in enumerate(entry.get("candidates", [])) if not isinstance(c, str)
+                         for p in region_problems(c.get("where") if isinstance(c, Mapping) else c,
+                                                  f"{dtype}.candidates[{i}].where")]
             if problems:
                 raise TableError(f"dispatch table {str(self.path)!r}: " + "; ".join(problems[:3]))
         for dtype, entry in self.data.get("dtypes", {}).items() if runnable else ():
@@ -138,10 +164,19 @@ class Table:
         return Kernel(gid, dtype, why, folder / rec["cubin"], rec["sha256"], rec["arch"], rec["recipe"],
                       folder / rec["source"] if rec.get("source") else None)
 
-    def kernels_of(self, dtype: str) -> list[Kernel]:
-        """Every built kernel of the dtype (what first-call tuning times: kernels/tune.py), in the table's order."""
+    def kernels_of(self, dtype: str, m: int | None = None, n: int | None = None) -> list[Kernel]:
+        """Every built kernel of the dtype (what first-call tuning times: kernels/tune.py), in the table's order;
+        given a call's M and N, less the candidates whose region leaves the call out (the rule's own genomes are
+        never left out)."""
+        outside: set[str] = set()
+        if m is not None and n is not None:
+            entry = self.data.get("dtypes", {}).get(dtype, {})
+            bounded = {c["genome"]: c["where"] for c in entry.get("candidates", []) if not isinstance(c, str)}
+            named = {c for c in entry.get("candidates", []) if isinstance(c, str)}
+            named |= set(chosen_genomes({**entry, "candidates": []})) if entry else set()
+            outside = {g for g, region in bounded.items() if g not in named and not in_region(region, dtype, m, n)}
         return [self.entry(key.rsplit(":", 1)[0], "tuned", dtype) for key in self.data.get("kernels", {})
-                if key.rsplit(":", 1)[1] == dtype]
+                if key.rsplit(":", 1)[1] == dtype and key.rsplit(":", 1)[0] not in outside]
 
     def genes(self, genome_id: str) -> dict[str, Any]:
         """A genome's genes as exported (for explaining a choice)."""

@@ -149,3 +149,41 @@ def test_widen_reads_a_committed_campaigns_packed_panels_and_refuses_a_folder_wi
     assert cli.main(["widen", str(tmp_path), "--problem", "rmsnorm_bwd"]) == cli.EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert str(tmp_path) in err and "panels.tar.xz" in err and "Traceback" not in err
+
+
+def _probe():
+    """tests/gpu/latency_probe.py, whose panels `widen --where` reads (its grid and panel writer need no GPU)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("latency_probe", Path(__file__).parent / "gpu/latency_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_widen_where_bounds_a_studys_winners_to_the_shapes_it_measured(tmp_path, capsys):
+    probe = _probe()
+    rng = random.Random()
+    cases = [f"{d}:{m}x{n}" for d in ("bfloat16", "float32") for m, n in ((3, 96), (700, 2000), (64, 8000))]
+    rows = [{"case": c, "grid_us": {g: rng.uniform(2, 9) for g in rng.sample(sorted(probe.GRID), 20)}} for c in cases]
+    probe.write_panels(rows, tmp_path / "panels")
+    assert sorted(p.name for p in (tmp_path / "panels").iterdir()) == ["panel-bfloat16.jsonl", "panel-float32.jsonl"]
+    table = json.loads(SHIPPED.read_text())
+    before = {d: list(e.get("candidates", [])) for d, e in table["dtypes"].items()}
+    region = dispatch.parse_region("log2_n<=13")
+    from kernel_factory.evo.tools.workload_panels import folder_panels
+    added = dispatch.widen(table, folder_panels(tmp_path / "panels"), region)
+    for dtype in ("bfloat16", "float32"):
+        winners = {min(r["grid_us"], key=r["grid_us"].get) for r in rows if r["case"].startswith(dtype)}
+        new = table["dtypes"][dtype]["candidates"][len(before[dtype]):]
+        assert added[dtype] == len(new) and new == [{"genome": g, "where": region} for g in
+                                                    [c["genome"] for c in new]]
+        assert {c["genome"] for c in new} == winners - set(dispatch.op_table.chosen_genomes(
+            {**table["dtypes"][dtype], "candidates": before[dtype]}))
+        assert all(table["genomes"][c["genome"]]["genes"] == probe.GRID[c["genome"]] for c in new)
+    assert table["dtypes"]["float16"].get("candidates", []) == before["float16"]   # no panel: untouched
+    with pytest.raises(dispatch.TableError, match="log2_q"):
+        dispatch.widen(table, {}, {"feature": "log2_q", "le": 3})
+    assert cli.main(["widen", str(tmp_path / "panels"), "--problem", "rmsnorm_fwd", "--where", "n<=256",
+                     "--out", str(tmp_path / "t.json")]) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "'n<=256'" in err and "log2_n" in err and "Traceback" not in err and not (tmp_path / "t.json").exists()

@@ -8,11 +8,12 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from kernel_factory.kernels import runtime, tune
-from kernel_factory.kernels.table import Table
+from kernel_factory.kernels.table import Table, chosen_genomes
 
 FWD = runtime.OPS_DIR / "rmsnorm_fwd.json"
 
@@ -153,3 +154,49 @@ def test_a_call_captured_into_a_graph_takes_the_rules_pick_and_keeps_nothing(ker
     pick, final = k.tuned(0, "float16", 5, 3000, rule, lambda kern: (lambda: None), no_timer)
     assert pick.genome == rule.genome and not final
     assert not list(tmp_path.glob("*.json")) and not k._tuned
+
+
+def _bounded_table(folder, region) -> tuple[Path, str]:
+    """The shipped forward table with one bf16 tuning candidate (named nowhere else) bounded to `region`, written
+    into folder (its kernels' files are not needed to list or choose them)."""
+    data = json.loads(FWD.read_text())
+    entry = data["dtypes"]["bfloat16"]
+    rest = set(chosen_genomes({**entry, "candidates": []}))
+    i, gid = next((i, c) for i, c in enumerate(entry["candidates"]) if isinstance(c, str) and c not in rest)
+    entry["candidates"][i] = {"genome": gid, "where": region}
+    path = folder / "rmsnorm_fwd.json"
+    path.write_text(json.dumps(data))
+    return path, gid
+
+
+def test_a_bounded_candidate_is_timed_only_on_calls_inside_its_region(monkeypatch, tmp_path):
+    path, gid = _bounded_table(tmp_path, {"feature": "log2_n", "le": 8.0})   # rows of at most 256 elements
+    table = Table(path)
+    everywhere = [k.genome for k in table.kernels_of("bfloat16")]
+    assert gid in everywhere
+    assert [k.genome for k in table.kernels_of("bfloat16", 5000, 200)] == everywhere
+    assert [k.genome for k in table.kernels_of("bfloat16", 5000, 257)] == [g for g in everywhere if g != gid]
+    assert [k.genome for k in table.kernels_of("float16", 5000, 257)] == [k.genome for k in Table(FWD).kernels_of(
+        "float16")]                                                     # another dtype's candidates are its own
+    monkeypatch.setenv("KF_TUNE_CACHE", str(tmp_path / "picks"))
+    monkeypatch.setattr(tune, "capturing", lambda: False)
+    k = runtime.Kernels("rmsnorm_fwd", path)
+    k._names[0] = "Fake GPU"
+    asked = []
+
+    def timer(launches, device):
+        asked.append(set(launches))
+        return {g: [5.0 if g == gid else 9.0] * 3 for g in launches}
+    for m, n in ((700, 96), (700, 4096)):
+        rule = k.kernel("bfloat16", m, n)
+        pick, _ = k.tuned(0, "bfloat16", m, n, rule, lambda kern: (lambda: None), timer)
+        assert (pick.genome == gid) == (n <= 256) and (gid in asked[-1]) == (n <= 256)
+
+
+def test_a_bounded_candidate_with_a_bad_region_names_it():
+    from kernel_factory.kernels.table import TableError
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        path, _ = _bounded_table(Path(folder), {"feature": "log2_k", "le": 8.0})
+        with pytest.raises(TableError, match=r"bfloat16\.candidates\[\d+\]\.where.*log2_k"):
+            Table(path)

@@ -169,7 +169,7 @@ def cmd_widen(args: argparse.Namespace) -> int:
     problem = export.problem_plugin(args.problem)
     table_path = args.table or f"kernels/ops/{args.problem}.json"
     table = dispatch.load(table_path)
-    added = dispatch.widen(table, workload_panels.folder_panels(args.campaign))
+    added = dispatch.widen(table, workload_panels.folder_panels(args.campaign), dispatch.parse_region(args.where))
     out = Path(args.out or table_path)
     dispatch.build(problem, table, out.parent / dispatch.CUBIN_FOLDER)
     out.write_text(dispatch.dumps(table))

@@ -73,6 +73,9 @@ def parser() -> argparse.ArgumentParser:
     wid.add_argument("--problem", required=True)
     wid.add_argument("--table", help="the table to widen (default: kernels/ops/<problem>.json)")
     wid.add_argument("--out", help="the table to write (default: the --table itself)")
+    wid.add_argument("--where", metavar="FEATURE<=VALUE",
+                     help="time the added candidates only on calls inside this region (e.g. log2_n<=8: rows of at "
+                          "most 256 elements), as a study of those shapes measured them")
     hel = sub.add_parser("heldout", help="bench a workload campaign's learned dispatch on its held-out shapes")
     hel.add_argument("campaign", help="the campaign folder (holds workload.json)")
     hel.add_argument("--from", dest="from_json", metavar="BENCH.json", help="re-render a recorded held-out bench")

@@ -157,12 +157,33 @@ def dumps(table: Mapping[str, Any]) -> str:
     return json.dumps(table, indent=1, sort_keys=True) + "\n"
 
 
-def widen(table: dict[str, Any], panels: Mapping[str, bytes | Path]) -> dict[str, int]:
+def parse_region(text: str | None) -> dict[str, Any] | None:
+    """`FEATURE<=VALUE` (widen's --where) as a region, None for None; TableError naming what would be valid."""
+    if text is None:
+        return None
+    feature, sep, value = text.partition("<=")
+    try:
+        le = float(value)
+    except ValueError:
+        le = None
+    if not sep or feature.strip() not in dispatch_rule.FEATURES or le is None:
+        raise TableError(f"--where {text!r}: give FEATURE<=VALUE, FEATURE one of "
+                         f"{', '.join(dispatch_rule.FEATURES)} (e.g. log2_n<=8: rows of at most 256 elements)")
+    return {"feature": feature.strip(), "le": le}
+
+
+def widen(table: dict[str, Any], panels: Mapping[str, bytes | Path],
+          where: Mapping[str, Any] | None = None) -> dict[str, int]:
     """Adds to each dtype's entry, as candidates for first-call tuning (kernels/tune.py), the genomes fastest on
     some shape of its campaign panel (panel-<dtype>.jsonl) that the table does not run yet, with their genes; the
-    rule is unchanged. Returns how many were added per dtype (build() then compiles them)."""
+    rule is unchanged. With a region (`{"feature": "log2_n", "le": 8.0}`), each is timed only on calls inside it:
+    a study of narrow rows says nothing of wide ones, and its kernels there would only lengthen a first call.
+    Returns how many were added per dtype (build() then compiles them)."""
     from . import learn
     from .workload_panels import read_panel
+    wrong = op_table.region_problems(where, "widen --where") if where is not None else []
+    if wrong:
+        raise TableError(wrong[0])
     added = {}
     for dtype, panel in sorted(panels.items()):
         entry = table.get("dtypes", {}).get(dtype)
@@ -171,7 +192,8 @@ def widen(table: dict[str, Any], panels: Mapping[str, bytes | Path]) -> dict[str
         genomes, times = read_panel(panel)
         have = set(op_table.chosen_genomes(entry))
         extra = [g for g in learn.winners(times) if g not in have]
-        entry["candidates"] = [*entry.get("candidates", []), *extra]
+        entry["candidates"] = [*entry.get("candidates", []),
+                               *(extra if where is None else [{"genome": g, "where": dict(where)} for g in extra])]
         for gid in extra:
             table["genomes"][gid] = genomes[gid].to_json()
         added[dtype] = len(extra)

@@ -9,7 +9,12 @@ separates the possible causes on seeded small shapes of the workload (none a cam
   alternative paths, a few hundred bytes of code), to see how far the template's structure is from the floor;
 - the same kernel with several kilobytes of dead code in front of its path (`lean+pad`), to see what the code size
   of a cold kernel costs after the protocol's L2 flush (instruction fetch from memory);
-- the op as users call it, every declared peer that loads, and a copy of the row's bytes.
+- the op as users call it, every declared peer that loads, and a copy of the row's bytes;
+- with --grid, a grid of the template's genomes for small shapes (sub-warp to 4-warp rows, 128- and 256-thread CTAs,
+  8- and 16-byte vectors, x kept or re-read, the weight ahead or not), each checked then timed once as the benches
+  time (flushed); written as a panel per dtype ($OUT/latency-panels/panel-<dtype>.jsonl, a workload campaign's
+  format), so that `kernel-factory widen $OUT/latency-panels --problem rmsnorm_fwd --where log2_n<=13` adds the
+  grid's winners to the op's table as tuning candidates for rows of at most 8192 elements.
 Each is timed twice, side by side: as the benches time it (CUDA graph replays, the L2 flushed before each, median of
 REPS interleaved samples) and hot (32 launches back to back in one graph, caches warm, per launch).
 Writes $OUT/latency_probe.json (raw) and $OUT/latency_probe.txt (rows and per-dtype geomeans) after every shape, so
@@ -31,11 +36,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from kernel_factory.evo.evaluate import gate, launcher, measure, sass
+from kernel_factory.evo.evaluate import gate, launcher, measure, render, sass
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
 from kernel_factory.evo.protocols import Launch
 from kernel_factory.evo.tools import bench, peers
-from kernel_factory.evo.types import Case
+from kernel_factory.evo.types import Candidate, Case, Genome
 from kernel_factory.evo.workload import draw, narrow
 from kernel_factory.problems.rmsnorm_fwd import EPS, problem
 
@@ -47,6 +52,18 @@ PAD = 1000  # instructions lean+pad branches over: the template's kernels have 9
 LEFT_OUT = {"quack_tuned": "autotunes per shape (tens of seconds each)"}
 PEERS = tuple(p.baseline for p in problem.declared_peers if p.baseline not in LEFT_OUT)
 DTYPE_CODE = {"bfloat16": 0, "float16": 1, "float32": 2}
+RANKING = measure.TimingPolicy(warmup=1, min_reps=5, max_reps=10, target_ms=0.05, graph_below_us=250.0)
+
+
+def feasible(genes: dict) -> dict | None:
+    full = {**problem.space.defaults(), **genes}
+    return full if problem.space.why_infeasible(full) is None else None
+
+
+GRID = {Genome.of(f).id: f for threads in (128, 256) for tpr in (4, 8, 16, 32, 64, 128) for vec in (8, 16)
+        for keep, ahead in ((False, "none"), (True, "none"), (True, "regs"))
+        if (f := feasible(dict(threads=threads, rows_per_cta=threads // tpr, vec_bytes=vec, keep_x=keep,
+                               w_ahead=ahead, unroll=1, tail="peel", load="nc")))}
 
 LEAN = r"""
 #include <cuda_bf16.h>
@@ -151,6 +168,54 @@ def lean_variants() -> dict[tuple[str, int, int], tuple[bytes, int]]:
     return made
 
 
+def compile_grid() -> dict[tuple[str, str], launcher.Module]:
+    """(genome id, dtype) -> loaded module for every grid genome, compiled together on the host's CPUs."""
+    compiler = Compiler(tempfile.mkdtemp(prefix="kf-latency-grid-"), workers=os.cpu_count() or 8)
+    jobs, keys = [], []
+    for dtype in problem.dtypes:
+        for gid, genes in GRID.items():
+            genome = Genome.of(genes)
+            key = compiler.key(render.body(problem, genome, dtype))
+            jobs.append(CompileJob(key, render.render(problem, Candidate(genome), dtype), f"{gid}-{dtype}.cu"))
+            keys.append(((gid, dtype), key))
+    outs = {o.key: o for o in compiler.compile_many(jobs)}
+    compiler.close()
+    failed = {k: outs[key].error[:300] for k, key in keys if outs[key].cubin is None}
+    if failed:
+        raise SystemExit(f"grid genomes that do not compile: {failed}")
+    return {k: launcher.Module(outs[key].cubin, problem.kernel_name) for k, key in keys}
+
+
+def grid_times(case: Case, inputs: dict, grid: dict, stream: Any, ranker: measure.Timer) -> tuple[dict, dict]:
+    """Every grid genome on the case: checked, then timed once (graph replays, flushed). (times, failures) by id."""
+    times, failed = {}, {}
+    for gid, genes in GRID.items():
+        outputs = problem.make_outputs(case, "cuda")
+        gate.poison(outputs)
+        run = launcher.launcher(stream, grid[gid, case.dtype], problem.launch(genes, case, inputs, outputs))
+        fn = (lambda r, o: lambda: (r(), o)[1])(run, outputs)
+        why = bench.check(problem, case, inputs, fn)
+        if why:
+            failed[gid] = why
+        else:
+            times[gid] = ranker.time(fn, graphs=True).median_us
+    return times, failed
+
+
+def write_panels(rows: list[dict], folder: Path) -> None:
+    """The grid's times as a workload campaign's panels (panel-<dtype>.jsonl: one line per genome, its times by
+    case), which `kernel-factory widen` reads."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for dtype in problem.dtypes:
+        mine = [r for r in rows if r["case"].startswith(dtype + ":") and "grid_us" in r]
+        lines = [json.dumps({"genome": Genome.of(genes).to_json(),
+                             "result": {"status": "ok", "times_us": {r["case"]: r["grid_us"][gid] for r in mine
+                                                                     if gid in r["grid_us"]}}})
+                 for gid, genes in GRID.items()]
+        if mine:
+            (folder / f"panel-{dtype}.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def lean_tpr(n: int) -> int:
     """Lanes per row: enough that the first E elements per lane cover the row, at most a warp."""
     for tpr in (4, 8, 16):
@@ -206,9 +271,14 @@ def hot_us(fn: Callable[[], Any]) -> float:
 
 
 def measure_case(case: Case, table: dict, lean: dict, modules: dict, timer: measure.Timer, stream: Any,
-                 loaded: list[str]) -> dict[str, Any]:
+                 loaded: list[str], grid: dict | None) -> dict[str, Any]:
     inputs = problem.make_inputs(case, seed=2026, device="cuda")
     row: dict[str, Any] = {"case": case.key, "bytes": problem.bytes_moved(case), "failed": {}}
+    if grid is not None:
+        row["grid_us"], grid_failed = grid_times(case, inputs, grid, stream, measure.Timer(RANKING))
+        row["failed"].update({f"grid {g}": why for g, why in grid_failed.items()})
+        top = sorted(row["grid_us"], key=row["grid_us"].get)[:3]
+        row["grid_top"] = {g: GRID[g] for g in top}
     tpr = lean_tpr(case.shape[1])
     fns: dict[str, Callable[[], Any]] = table_fns(table, case, inputs, stream, modules)
     for pad in (0, PAD):
@@ -217,6 +287,11 @@ def measure_case(case: Case, table: dict, lean: dict, modules: dict, timer: meas
             modules[key] = launcher.Module(lean[key][0], "lean_fwd")
         fns["lean+pad" if pad else "lean"] = lean_fn(modules[key], tpr, case, inputs, stream)
     row["lean_tpr"] = tpr
+    for gid in row.get("grid_top", {}):
+        outputs = problem.make_outputs(case, "cuda")
+        gate.poison(outputs)
+        run = launcher.launcher(stream, grid[gid, case.dtype], problem.launch(GRID[gid], case, inputs, outputs))
+        fns[f"grid {gid}"] = (lambda r, o: lambda: (r(), o)[1])(run, outputs)
     for name in ("factory_op", *loaded):
         try:
             fns[name] = problem.baseline(name, case, inputs)
@@ -251,8 +326,9 @@ def lines_of(row: dict, loaded: list[str]) -> list[str]:
     for label, us in (("flushed", row["us"]), ("hot", row["hot_us"])):
         peer, p = best(us, loaded)
         tab, t = best(us, [n for n in us if n.startswith("table ")])
+        top, g = best(us, [n for n in us if n.startswith("grid ")])
         parts = [f"best peer {peer} {p:.2f}", f"op {us.get('factory_op', math.nan):.2f}",
-                 f"best table kernel {tab} {t:.2f}", f"lean {us.get('lean', math.nan):.2f}",
+                 f"best table kernel {tab} {t:.2f}", f"grid's best {top} {g:.2f}", f"lean {us.get('lean', math.nan):.2f}",
                  f"lean+pad {us.get('lean+pad', math.nan):.2f}", f"copy {us.get('copy', math.nan):.2f}"]
         out.append(f"{row['case']:>22} {label:>7} us: " + ", ".join(parts))
     out.append(f"{'':>31}peers flushed: " + ", ".join(f"{p} {row['us'][p]:.2f}" for p in loaded if p in row["us"])
@@ -273,6 +349,7 @@ def summary(rows: list[dict], loaded: list[str]) -> list[str]:
                     continue
                 for name, t in (("op", us.get("factory_op")),
                                 ("best table kernel", best(us, [n for n in us if n.startswith("table ")])[1]),
+                                ("grid's best (oracle)", best(us, [n for n in us if n.startswith("grid ")])[1]),
                                 ("lean", us.get("lean")), ("lean+pad", us.get("lean+pad")), ("copy", us.get("copy"))):
                     if t and not math.isnan(t):
                         ratios.setdefault(name, []).append(p / t)
@@ -287,6 +364,7 @@ def main() -> None:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--per-dtype", type=int, default=8)
     args.add_argument("--budget", type=float, default=math.inf, metavar="SECONDS")
+    args.add_argument("--grid", action="store_true", help="also time the template grid and write its panels")
     opts = args.parse_args()
     start = time.monotonic()
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
@@ -294,6 +372,7 @@ def main() -> None:
     loaded = [p for p in PEERS if peers.load_error(next(x for x in problem.declared_peers if x.baseline == p)) is None]
     missing = [p for p in PEERS if p not in loaded]
     lean = lean_variants()
+    grid = compile_grid() if opts.grid else None
     timer, stream, _, head = bench.session(250.0)
     head.update(device=torch.cuda.get_device_name(), peers=loaded, missing=missing, left_out=LEFT_OUT, seed=SEED,
                 lean_sass={f"{d}-{t}-{p}": c for (d, t, p), (_, c) in lean.items()})
@@ -310,11 +389,13 @@ def main() -> None:
         if time.monotonic() - start > opts.budget:
             print(f"cut at {opts.budget:.0f} s: {len(rows)} of {len(order)} shapes", flush=True)
             break
-        rows.append(measure_case(case, table, lean, modules, timer, stream, loaded))
+        rows.append(measure_case(case, table, lean, modules, timer, stream, loaded, grid))
         text += lines_of(rows[-1], loaded)
         print("\n".join(lines_of(rows[-1], loaded)), flush=True)
         if out:
             (out / "latency_probe.json").write_text(json.dumps({"head": head, "rows": rows}, indent=1))
+            if grid is not None:
+                write_panels(rows, out / "latency-panels")
     text += summary(rows, loaded)
     print("\n".join(summary(rows, loaded)))
     if out:
