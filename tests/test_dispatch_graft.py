@@ -151,17 +151,18 @@ def test_widen_reads_a_committed_campaigns_packed_panels_and_refuses_a_folder_wi
     assert str(tmp_path) in err and "panels.tar.xz" in err and "Traceback" not in err
 
 
-def _probe():
+def _probe(monkeypatch):
     """tests/gpu/latency_probe.py, whose panels `widen --where` reads (its grid and panel writer need no GPU)."""
     import importlib.util
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "gpu"))   # where it finds its sibling scripts
     spec = importlib.util.spec_from_file_location("latency_probe", Path(__file__).parent / "gpu/latency_probe.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_widen_where_bounds_a_studys_winners_to_the_shapes_it_measured(tmp_path, capsys):
-    probe = _probe()
+def test_widen_where_bounds_a_studys_winners_to_the_shapes_it_measured(tmp_path, capsys, monkeypatch):
+    probe = _probe(monkeypatch)
     rng = random.Random()
     cases = [f"{d}:{m}x{n}" for d in ("bfloat16", "float32") for m, n in ((3, 96), (700, 2000), (64, 8000))]
     rows = [{"case": c, "grid_us": {g: rng.uniform(2, 9) for g in rng.sample(sorted(probe.GRID), 20)}} for c in cases]

@@ -36,11 +36,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from kernel_factory.evo.evaluate import gate, launcher, measure, render, sass
+from kernel_factory.evo.evaluate import gate, launcher, measure, sass
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
 from kernel_factory.evo.protocols import Launch
 from kernel_factory.evo.tools import bench, peers
-from kernel_factory.evo.types import Candidate, Case, Genome
+from kernel_factory.evo.types import Case, Genome
 from kernel_factory.evo.workload import draw, narrow
 from kernel_factory.problems.rmsnorm_fwd import EPS, problem
 
@@ -170,20 +170,8 @@ def lean_variants() -> dict[tuple[str, int, int], tuple[bytes, int]]:
 
 def compile_grid() -> dict[tuple[str, str], launcher.Module]:
     """(genome id, dtype) -> loaded module for every grid genome, compiled together on the host's CPUs."""
-    compiler = Compiler(tempfile.mkdtemp(prefix="kf-latency-grid-"), workers=os.cpu_count() or 8)
-    jobs, keys = [], []
-    for dtype in problem.dtypes:
-        for gid, genes in GRID.items():
-            genome = Genome.of(genes)
-            key = compiler.key(render.body(problem, genome, dtype))
-            jobs.append(CompileJob(key, render.render(problem, Candidate(genome), dtype), f"{gid}-{dtype}.cu"))
-            keys.append(((gid, dtype), key))
-    outs = {o.key: o for o in compiler.compile_many(jobs)}
-    compiler.close()
-    failed = {k: outs[key].error[:300] for k, key in keys if outs[key].cubin is None}
-    if failed:
-        raise SystemExit(f"grid genomes that do not compile: {failed}")
-    return {k: launcher.Module(outs[key].cubin, problem.kernel_name) for k, key in keys}
+    from small_m_study import compile_all   # tests/gpu/small_m_study.py: the same builds, for its own grid
+    return compile_all({(gid, dtype): genes for dtype in problem.dtypes for gid, genes in GRID.items()})
 
 
 def grid_times(case: Case, inputs: dict, grid: dict, stream: Any, ranker: measure.Timer) -> tuple[dict, dict]:
