@@ -151,22 +151,25 @@ def test_widen_reads_a_committed_campaigns_packed_panels_and_refuses_a_folder_wi
     assert str(tmp_path) in err and "panels.tar.xz" in err and "Traceback" not in err
 
 
-def _probe(monkeypatch):
-    """tests/gpu/latency_probe.py, whose panels `widen --where` reads (its grid and panel writer need no GPU)."""
+def _study(monkeypatch):
+    """tests/gpu/grid_study.py, whose panels `widen --where` reads (its grids, shapes and panel writer need no GPU)."""
     import importlib.util
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "gpu"))   # where it finds its sibling scripts
-    spec = importlib.util.spec_from_file_location("latency_probe", Path(__file__).parent / "gpu/latency_probe.py")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "gpu"))
+    spec = importlib.util.spec_from_file_location("grid_study", Path(__file__).parent / "gpu/grid_study.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_widen_where_bounds_a_studys_winners_to_the_shapes_it_measured(tmp_path, capsys, monkeypatch):
-    probe = _probe(monkeypatch)
+    study = _study(monkeypatch)
+    genomes = study.grid(problem, "small")
     rng = random.Random()
     cases = [f"{d}:{m}x{n}" for d in ("bfloat16", "float32") for m, n in ((3, 96), (700, 2000), (64, 8000))]
-    rows = [{"case": c, "grid_us": {g: rng.uniform(2, 9) for g in rng.sample(sorted(probe.GRID), 20)}} for c in cases]
-    probe.write_panels(rows, tmp_path / "panels")
+    rows = [{"case": c, "grid_us": {g: rng.uniform(2, 9) for g in rng.sample(sorted(genomes), 20)}} for c in cases]
+    wrong = min(rows[0]["grid_us"], key=rows[0]["grid_us"].get)    # the fastest on one shape, wrong on another
+    rows[1]["failed"] = {wrong: "incorrect: y: 3 of 2000 values off"}
+    study.write_panels(problem, genomes, rows, tmp_path / "panels")
     assert sorted(p.name for p in (tmp_path / "panels").iterdir()) == ["panel-bfloat16.jsonl", "panel-float32.jsonl"]
     table = json.loads(SHIPPED.read_text())
     before = {d: list(e.get("candidates", [])) for d, e in table["dtypes"].items()}
@@ -174,13 +177,15 @@ def test_widen_where_bounds_a_studys_winners_to_the_shapes_it_measured(tmp_path,
     from kernel_factory.evo.tools.workload_panels import folder_panels
     added = dispatch.widen(table, folder_panels(tmp_path / "panels"), region)
     for dtype in ("bfloat16", "float32"):
-        winners = {min(r["grid_us"], key=r["grid_us"].get) for r in rows if r["case"].startswith(dtype)}
+        mine = [r for r in rows if r["case"].startswith(dtype)]
+        bad = {g for r in mine for g in r.get("failed", {})}
+        winners = {min((g for g in r["grid_us"] if g not in bad), key=r["grid_us"].get) for r in mine}
         new = table["dtypes"][dtype]["candidates"][len(before[dtype]):]
-        assert added[dtype] == len(new) and new == [{"genome": g, "where": region} for g in
-                                                    [c["genome"] for c in new]]
+        assert added[dtype] == len(new) and all(c["where"] == region for c in new)
         assert {c["genome"] for c in new} == winners - set(dispatch.op_table.chosen_genomes(
             {**table["dtypes"][dtype], "candidates": before[dtype]}))
-        assert all(table["genomes"][c["genome"]]["genes"] == probe.GRID[c["genome"]] for c in new)
+        assert all(table["genomes"][c["genome"]]["genes"] == genomes[c["genome"]] for c in new)
+    assert wrong not in {c["genome"] for c in table["dtypes"]["bfloat16"]["candidates"][len(before["bfloat16"]):]}
     assert table["dtypes"]["float16"].get("candidates", []) == before["float16"]   # no panel: untouched
     with pytest.raises(dispatch.TableError, match="log2_q"):
         dispatch.widen(table, {}, {"feature": "log2_q", "le": 3})
@@ -188,3 +193,18 @@ def test_widen_where_bounds_a_studys_winners_to_the_shapes_it_measured(tmp_path,
                      "--out", str(tmp_path / "t.json")]) == cli.EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert "'n<=256'" in err and "log2_n" in err and "Traceback" not in err and not (tmp_path / "t.json").exists()
+
+
+def test_the_studys_grids_are_feasible_and_their_shapes_held_out_of_every_campaign(monkeypatch):
+    study = _study(monkeypatch)
+    campaigns = {k for path in study.CAMPAIGNS for part in ("train", "heldout")
+                 for k in json.loads(path.read_text()).get(part, [])}
+    for (name, grid), (_, region, where) in study.GRIDS.items():
+        plugin = study.problem_of(name)
+        genomes = study.grid(plugin, grid)
+        assert len(genomes) >= 40 and all(plugin.space.why_infeasible(g) is None for g in genomes.values())
+        cases = study.shapes(plugin, grid, 6)
+        assert len(cases) == 6 * len(plugin.dtypes) and not {c.key for c in cases} & campaigns
+        assert all(region.get("m", (1, 1 << 30))[0] <= c.shape[0] <= region.get("m", (1, 1 << 30))[1]
+                   and c.shape[1] <= region.get("n", (1, 1 << 30))[1] for c in cases)
+        assert dispatch.parse_region(where)["feature"] in ("log2_n", "log2_m")

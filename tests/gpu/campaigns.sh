@@ -58,14 +58,18 @@
 #   Ran p1-p3 on an H100 (no H200 was lent); p3's backward bench finished within its call, so p4 was not needed, and
 #   the gap report's forward rows (`trust.sh gap fwd bfloat16,float16`) took the last call (21 of 22 rows by its
 #   limit). Committed under docs/results/{workload/h100-shipped-bwd-2026-12-07,latency,jitter,rows}/.
-# Next session, sub-warp and small-CTA genomes for small shapes as bounded tuning candidates (issue 28), back to back:
-#   q1 (carry .gpu-a .int21): the latency probe with its grid (the template's genomes on seeded small shapes, a panel
-#       per dtype); the grid's winners added to the forward table as candidates for rows of at most 8192 elements
-#       (`kernel-factory widen ... --where log2_n<=13`, built on the host) and installed as the op's table; the
-#       forward's sub-warp and op GPU tests through it
-#   q2 (carry .gpu-b): the tuning's GPU tests through it; the widened table and its new kernels packed
-#   q3 (carry .gpu-c .int21): QuACK complete; the op's forward as shipped, widened, on h200-fwd-workload-5's held-out
-#       shapes against every peer (compare with t3's lines, on the same kind of card)
+# Next session, grids of genomes the shipped tables lack, studied on seeded small shapes (none a campaign's) and
+# added as tuning candidates bounded to the region they were studied on (issues 28 and 29), back to back:
+#   q1 (carry .gpu-a .int21): the latency probe with the forward's grid (sub-warp to four-warp rows, x kept or not,
+#       the weight ahead or not; tests/gpu/grid_study.py); its winners added to the forward table for rows of at most
+#       8192 elements (`kernel-factory widen ... --where log2_n<=13`, built on the host) and installed as the op's
+#       table; the forward's sub-warp and op GPU tests through it
+#   q2 (carry .gpu-b): the backward's small-M grid (one-launch and grouped plans, sub-warp rows, clusters, dw in
+#       registers or shared memory, the narrow path) on M up to 1024, its winners added for log2_m<=10 and installed;
+#       the backward's small-M, sub-warp and tuning GPU tests through both tables; both tables and their kernels packed
+#   q3 (carry .gpu-c .int21): QuACK complete; the forward as shipped, widened, on h200-fwd-workload-5's held-out
+#       shapes against every peer (compare with t3's lines on the same kind of card)
+#   q4 (carry .int21): the backward as shipped, widened, on h200-bwd-workload-2's held-out shapes (compare with p3's)
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -83,7 +87,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh q1|q2|q3|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -116,6 +120,24 @@ keep() {   # NAME: a campaign's folder (less its built kernels) and its bucket j
     d="$RES/$name/journals/$(basename "$(dirname "$j")")"; mkdir -p "$d"; gzip -c "$j" > "$d/journal.jsonl.gz"
   done
   pack > /dev/null
+}
+widened() {   # PART PANELS REGION: the panels' winners added to the op's PART table for REGION, built, installed
+  local part="$1" panels="$2" region="$3"
+  mkdir -p "/tmp/widened-$part"
+  kernel-factory widen "$panels" --problem "rmsnorm_$part" --where "$region" \
+    --out "/tmp/widened-$part/rmsnorm_$part.json" > "$RES/widen-$part.log" 2>&1
+  echo "exit $?" >> "$RES/widen-$part.log"; tail -n 3 "$RES/widen-$part.log"
+  grep -q "^exit 0" "$RES/widen-$part.log" || rm -rf "/tmp/widened-$part"
+  install_widened
+}
+install_widened() {   # every table widened on this host so far, as the op's own (each call's checkout restores them)
+  local part
+  for part in fwd bwd; do
+    [ -f "/tmp/widened-$part/rmsnorm_$part.json" ] || continue
+    cp "/tmp/widened-$part/rmsnorm_$part.json" "kernels/ops/rmsnorm_$part.json"
+    cp "/tmp/widened-$part"/cubins/* kernels/ops/cubins/ && cp "/tmp/widened-$part"/sources/* kernels/ops/sources/
+    echo "installed the widened $part table"
+  done
 }
 campaign() {   # CONFIG NAME SECONDS [overrides...]
   local cfg="$1" name="$2" secs="$3"; shift 3
@@ -187,24 +209,31 @@ q1)
   first_call   # QuACK completes in q3
   OUT="$RES" timeout 300 python3 tests/gpu/latency_probe.py --grid --budget 260 > "$RES/latency_probe.log" 2>&1
   echo "exit $?" >> "$RES/latency_probe.log"; grep "^latency\|^exit" "$RES/latency_probe.log"; pack > /dev/null
-  mkdir -p /tmp/widened
-  kernel-factory widen "$RES/latency-panels" --problem rmsnorm_fwd --where 'log2_n<=13' \
-    --out /tmp/widened/rmsnorm_fwd.json > "$RES/widen.log" 2>&1; echo "exit $?" >> "$RES/widen.log"; tail -n 3 "$RES/widen.log"
-  cp /tmp/widened/rmsnorm_fwd.json kernels/ops/rmsnorm_fwd.json
-  cp /tmp/widened/cubins/* kernels/ops/cubins/ && cp /tmp/widened/sources/* kernels/ops/sources/
+  widened fwd "$RES/latency-panels" 'log2_n<=13'
   gpu_tests $(( 585 - SECONDS )) tests/gpu/test_rmsnorm_fwd_subwarp_gpu.py tests/gpu/test_rmsnorm_op_gpu.py
   ;;
 q2)
   export KF_PEERS=liger
   setup .gpu-b
-  gpu_tests $(( 400 - SECONDS )) tests/gpu/test_op_tune_gpu.py
-  mkdir -p "$RES/widened" && cp kernels/ops/rmsnorm_fwd.json "$RES/widened/" && \
+  install_widened
+  OUT="$RES" timeout 240 python3 tests/gpu/grid_study.py --problem rmsnorm_bwd --grid small-m --budget 200 \
+    > "$RES/grid_study.log" 2>&1; echo "exit $?" >> "$RES/grid_study.log"; tail -n 4 "$RES/grid_study.log"
+  widened bwd "$RES/grid-rmsnorm_bwd-small-m" 'log2_m<=10'
+  gpu_tests $(( 560 - SECONDS )) tests/gpu/test_rmsnorm_bwd_small_gpu.py tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py \
+    tests/gpu/test_op_tune_gpu.py
+  mkdir -p "$RES/widened" && cp kernels/ops/rmsnorm_fwd.json kernels/ops/rmsnorm_bwd.json "$RES/widened/" && \
     tar czf "$RES/widened/kernels.tgz" -C kernels/ops cubins sources; pack > /dev/null
   ;;
 q3)
   setup .gpu-c
+  install_widened
   int21_wait 200 || exit 2
   shipped fwd "$FWD" $(( 580 - SECONDS ))
+  ;;
+q4)
+  setup
+  install_widened
+  shipped bwd "$BWD" $(( 570 - SECONDS ))
   ;;
 p1)
   first_call   # QuACK completes in p3

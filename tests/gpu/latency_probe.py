@@ -40,9 +40,11 @@ from kernel_factory.evo.evaluate import gate, launcher, measure, sass
 from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
 from kernel_factory.evo.protocols import Launch
 from kernel_factory.evo.tools import bench, peers
-from kernel_factory.evo.types import Case, Genome
+from kernel_factory.evo.types import Case
 from kernel_factory.evo.workload import draw, narrow
 from kernel_factory.problems.rmsnorm_fwd import EPS, problem
+
+import grid_study   # tests/gpu/grid_study.py, beside this file
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "kernels/ops/rmsnorm_fwd.json"
@@ -52,18 +54,8 @@ PAD = 1000  # instructions lean+pad branches over: the template's kernels have 9
 LEFT_OUT = {"quack_tuned": "autotunes per shape (tens of seconds each)"}
 PEERS = tuple(p.baseline for p in problem.declared_peers if p.baseline not in LEFT_OUT)
 DTYPE_CODE = {"bfloat16": 0, "float16": 1, "float32": 2}
-RANKING = measure.TimingPolicy(warmup=1, min_reps=5, max_reps=10, target_ms=0.05, graph_below_us=250.0)
+GRID = grid_study.grid(problem, "small")   # tests/gpu/grid_study.py: the forward's small-shape grid
 
-
-def feasible(genes: dict) -> dict | None:
-    full = {**problem.space.defaults(), **genes}
-    return full if problem.space.why_infeasible(full) is None else None
-
-
-GRID = {Genome.of(f).id: f for threads in (128, 256) for tpr in (4, 8, 16, 32, 64, 128) for vec in (8, 16)
-        for keep, ahead in ((False, "none"), (True, "none"), (True, "regs"))
-        if (f := feasible(dict(threads=threads, rows_per_cta=threads // tpr, vec_bytes=vec, keep_x=keep,
-                               w_ahead=ahead, unroll=1, tail="peel", load="nc")))}
 
 LEAN = r"""
 #include <cuda_bf16.h>
@@ -168,42 +160,6 @@ def lean_variants() -> dict[tuple[str, int, int], tuple[bytes, int]]:
     return made
 
 
-def compile_grid() -> dict[tuple[str, str], launcher.Module]:
-    """(genome id, dtype) -> loaded module for every grid genome, compiled together on the host's CPUs."""
-    from small_m_study import compile_all   # tests/gpu/small_m_study.py: the same builds, for its own grid
-    return compile_all({(gid, dtype): genes for dtype in problem.dtypes for gid, genes in GRID.items()})
-
-
-def grid_times(case: Case, inputs: dict, grid: dict, stream: Any, ranker: measure.Timer) -> tuple[dict, dict]:
-    """Every grid genome on the case: checked, then timed once (graph replays, flushed). (times, failures) by id."""
-    times, failed = {}, {}
-    for gid, genes in GRID.items():
-        outputs = problem.make_outputs(case, "cuda")
-        gate.poison(outputs)
-        run = launcher.launcher(stream, grid[gid, case.dtype], problem.launch(genes, case, inputs, outputs))
-        fn = (lambda r, o: lambda: (r(), o)[1])(run, outputs)
-        why = bench.check(problem, case, inputs, fn)
-        if why:
-            failed[gid] = why
-        else:
-            times[gid] = ranker.time(fn, graphs=True).median_us
-    return times, failed
-
-
-def write_panels(rows: list[dict], folder: Path) -> None:
-    """The grid's times as a workload campaign's panels (panel-<dtype>.jsonl: one line per genome, its times by
-    case), which `kernel-factory widen` reads."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for dtype in problem.dtypes:
-        mine = [r for r in rows if r["case"].startswith(dtype + ":") and "grid_us" in r]
-        lines = [json.dumps({"genome": Genome.of(genes).to_json(),
-                             "result": {"status": "ok", "times_us": {r["case"]: r["grid_us"][gid] for r in mine
-                                                                     if gid in r["grid_us"]}}})
-                 for gid, genes in GRID.items()]
-        if mine:
-            (folder / f"panel-{dtype}.jsonl").write_text("\n".join(lines) + "\n")
-
-
 def lean_tpr(n: int) -> int:
     """Lanes per row: enough that the first E elements per lane cover the row, at most a warp."""
     for tpr in (4, 8, 16):
@@ -233,10 +189,7 @@ def table_fns(table: dict, case: Case, inputs: dict, stream: Any, modules: dict)
         if key not in modules:
             modules[key] = launcher.Module((TABLE.parent / kernel["cubin"]).read_bytes(), problem.kernel_name)
         genes = {**problem.space.defaults(), **table["genomes"][gid]["genes"]}
-        outputs = problem.make_outputs(case, "cuda")
-        gate.poison(outputs)
-        run = launcher.launcher(stream, modules[key], problem.launch(genes, case, inputs, outputs))
-        out[f"table {gid}"] = (lambda r, o: lambda: (r(), o)[1])(run, outputs)
+        out[f"table {gid}"] = grid_study.runner(problem, modules[key], genes, case, inputs, stream)
     return out
 
 
@@ -263,8 +216,7 @@ def measure_case(case: Case, table: dict, lean: dict, modules: dict, timer: meas
     inputs = problem.make_inputs(case, seed=2026, device="cuda")
     row: dict[str, Any] = {"case": case.key, "bytes": problem.bytes_moved(case), "failed": {}}
     if grid is not None:
-        row["grid_us"], grid_failed = grid_times(case, inputs, grid, stream, measure.Timer(RANKING))
-        row["failed"].update({f"grid {g}": why for g, why in grid_failed.items()})
+        row["grid_us"], row["grid_failed"] = grid_study.grid_times(problem, GRID, grid, case, inputs, stream)
         top = sorted(row["grid_us"], key=row["grid_us"].get)[:3]
         row["grid_top"] = {g: GRID[g] for g in top}
     tpr = lean_tpr(case.shape[1])
@@ -276,10 +228,7 @@ def measure_case(case: Case, table: dict, lean: dict, modules: dict, timer: meas
         fns["lean+pad" if pad else "lean"] = lean_fn(modules[key], tpr, case, inputs, stream)
     row["lean_tpr"] = tpr
     for gid in row.get("grid_top", {}):
-        outputs = problem.make_outputs(case, "cuda")
-        gate.poison(outputs)
-        run = launcher.launcher(stream, grid[gid, case.dtype], problem.launch(GRID[gid], case, inputs, outputs))
-        fns[f"grid {gid}"] = (lambda r, o: lambda: (r(), o)[1])(run, outputs)
+        fns[f"grid {gid}"] = grid_study.runner(problem, grid[gid, case.dtype], GRID[gid], case, inputs, stream)
     for name in ("factory_op", *loaded):
         try:
             fns[name] = problem.baseline(name, case, inputs)
@@ -360,7 +309,7 @@ def main() -> None:
     loaded = [p for p in PEERS if peers.load_error(next(x for x in problem.declared_peers if x.baseline == p)) is None]
     missing = [p for p in PEERS if p not in loaded]
     lean = lean_variants()
-    grid = compile_grid() if opts.grid else None
+    grid = grid_study.compile_grid(problem, GRID) if opts.grid else None
     timer, stream, _, head = bench.session(250.0)
     head.update(device=torch.cuda.get_device_name(), peers=loaded, missing=missing, left_out=LEFT_OUT, seed=SEED,
                 lean_sass={f"{d}-{t}-{p}": c for (d, t, p), (_, c) in lean.items()})
@@ -383,7 +332,8 @@ def main() -> None:
         if out:
             (out / "latency_probe.json").write_text(json.dumps({"head": head, "rows": rows}, indent=1))
             if grid is not None:
-                write_panels(rows, out / "latency-panels")
+                grid_study.write_panels(problem, GRID, [{**r, "failed": r.get("grid_failed", {})} for r in rows],
+                                        out / "latency-panels")
     text += summary(rows, loaded)
     print("\n".join(summary(rows, loaded)))
     if out:

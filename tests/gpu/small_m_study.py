@@ -34,10 +34,9 @@ from typing import Any, Callable
 
 import torch
 
-from kernel_factory.evo.evaluate import gate, launcher, measure, render
-from kernel_factory.evo.evaluate.compile import CompileJob, Compiler
+from kernel_factory.evo.evaluate import launcher, measure
 from kernel_factory.evo.tools import bench, dispatch, learn, peers
-from kernel_factory.evo.types import Candidate, Case, Genome
+from kernel_factory.evo.types import Case, Genome
 from kernel_factory.evo.workload import draw, narrow
 from kernel_factory.kernels import dispatch_rule
 from kernel_factory.problems.rmsnorm_fwd import problem
@@ -78,27 +77,14 @@ GRID = {Genome.of(f).id: f for values in itertools.product(*GRID_CHOICES.values(
 
 
 def compile_all(genomes: dict[tuple[str, str], dict]) -> dict[tuple[str, str], launcher.Module]:
-    """(genome id, dtype) -> loaded module, compiled together on the host's CPUs."""
-    compiler = Compiler(tempfile.mkdtemp(prefix="kf-small-m-"), workers=os.cpu_count() or 8)
-    jobs, keys = [], []
-    for (gid, dtype), genes in genomes.items():
-        genome = Genome.of(genes)
-        key = compiler.key(render.body(problem, genome, dtype))
-        jobs.append(CompileJob(key, render.render(problem, Candidate(genome), dtype), f"{gid}-{dtype}.cu"))
-        keys.append(((gid, dtype), key))
-    outs = {o.key: o for o in compiler.compile_many(jobs)}
-    compiler.close()
-    failed = {k: outs[key].error[:300] for k, key in keys if outs[key].cubin is None}
-    if failed:
-        raise SystemExit(f"genomes that do not compile: {failed}")
-    return {k: launcher.Module(outs[key].cubin, problem.kernel_name) for k, key in keys}
+    """(genome id, dtype) -> loaded module, compiled together on the host's CPUs (tests/gpu/grid_study.py)."""
+    from grid_study import compile_pairs
+    return compile_pairs(problem, genomes)
 
 
 def ours(module: launcher.Module, genes: dict, case: Case, inputs: dict, stream: Any) -> Callable[[], Any]:
-    outputs = problem.make_outputs(case, "cuda")
-    gate.poison(outputs)   # the check's call must write every output
-    run = launcher.launcher(stream, module, problem.launch(genes, case, inputs, outputs))
-    return lambda: (run(), outputs)[1]
+    from grid_study import runner
+    return runner(problem, module, genes, case, inputs, stream)
 
 
 def rank(case: Case, inputs: dict, modules: dict, timer: measure.Timer, stream: Any) -> tuple[dict, dict]:
