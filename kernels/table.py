@@ -80,6 +80,15 @@ def in_region(region: Mapping[str, Any] | None, dtype: str, m: int, n: int) -> b
     return dispatch_rule.features(m, n, ELEM_BYTES[dtype])[region["feature"]] <= region["le"]
 
 
+def candidate_problems(candidate: Any, where: str) -> list[str]:
+    """What is wrong with one tuning candidate of a table, naming `where`: an id, or {"genome": id, "where": region}."""
+    if isinstance(candidate, str):
+        return []
+    if not isinstance(candidate, Mapping) or not isinstance(candidate.get("genome"), str):
+        return [f"{where}: a candidate is a genome id or {{'genome': id, 'where': region}}, got {candidate!r}"]
+    return region_problems(candidate.get("where"), f"{where}.where")
+
+
 def region_problems(region: Any, where: str) -> list[str]:
     """What is wrong with a region, each problem naming `where`."""
     if not isinstance(region, Mapping) or region.get("feature") not in dispatch_rule.FEATURES \
@@ -128,9 +137,8 @@ class Table:
                              f"write one with `kernel-factory export ... --build`")
         for dtype, entry in self.data.get("dtypes", {}).items():
             problems = dispatch_rule.check(entry["rule"], f"{dtype}.rule") if "rule" in entry else []
-            problems += [p for i, c in enumerate(entry.get("candidates", [])) if not isinstance(c, str)
-                         for p in region_problems(c.get("where") if isinstance(c, Mapping) else c,
-                                                  f"{dtype}.candidates[{i}].where")]
+            problems += [p for i, c in enumerate(entry.get("candidates", []))
+                         for p in candidate_problems(c, f"{dtype}.candidates[{i}]")]
             if problems:
                 raise TableError(f"dispatch table {str(self.path)!r}: " + "; ".join(problems[:3]))
         for dtype, entry in self.data.get("dtypes", {}).items() if runnable else ():
@@ -171,10 +179,14 @@ class Table:
         outside: set[str] = set()
         if m is not None and n is not None:
             entry = self.data.get("dtypes", {}).get(dtype, {})
-            bounded = {c["genome"]: c["where"] for c in entry.get("candidates", []) if not isinstance(c, str)}
+            bounded: dict[str, list[Mapping[str, Any]]] = {}
+            for c in entry.get("candidates", []):
+                if not isinstance(c, str):
+                    bounded.setdefault(c["genome"], []).append(c["where"])
             named = {c for c in entry.get("candidates", []) if isinstance(c, str)}
             named |= set(chosen_genomes({**entry, "candidates": []})) if entry else set()
-            outside = {g for g, region in bounded.items() if g not in named and not in_region(region, dtype, m, n)}
+            outside = {g for g, regions in bounded.items()   # listed for several regions: inside any of them
+                       if g not in named and not any(in_region(r, dtype, m, n) for r in regions)}
         return [self.entry(key.rsplit(":", 1)[0], "tuned", dtype) for key in self.data.get("kernels", {})
                 if key.rsplit(":", 1)[1] == dtype and key.rsplit(":", 1)[0] not in outside]
 

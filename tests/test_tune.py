@@ -193,10 +193,26 @@ def test_a_bounded_candidate_is_timed_only_on_calls_inside_its_region(monkeypatc
         assert (pick.genome == gid) == (n <= 256) and (gid in asked[-1]) == (n <= 256)
 
 
-def test_a_bounded_candidate_with_a_bad_region_names_it():
+def test_a_bounded_candidate_with_a_bad_region_names_it(tmp_path):
     from kernel_factory.kernels.table import TableError
-    import tempfile
-    with tempfile.TemporaryDirectory() as folder:
-        path, _ = _bounded_table(Path(folder), {"feature": "log2_k", "le": 8.0})
-        with pytest.raises(TableError, match=r"bfloat16\.candidates\[\d+\]\.where.*log2_k"):
-            Table(path)
+    path, gid = _bounded_table(tmp_path, {"feature": "log2_k", "le": 8.0})
+    with pytest.raises(TableError, match=r"bfloat16\.candidates\[\d+\]\.where.*log2_k"):
+        Table(path)
+    data = json.loads(path.read_text())
+    entry = data["dtypes"]["bfloat16"]
+    i = next(i for i, c in enumerate(entry["candidates"]) if not isinstance(c, str))
+    entry["candidates"][i] = {"id": gid, "where": {"feature": "log2_n", "le": 8.0}}     # no "genome"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TableError, match=rf"bfloat16\.candidates\[{i}\]: a candidate is a genome id"):
+        Table(path)
+
+
+def test_a_candidate_listed_for_two_regions_is_timed_in_either(tmp_path):
+    path, gid = _bounded_table(tmp_path, {"feature": "log2_n", "le": 8.0})
+    data = json.loads(path.read_text())
+    data["dtypes"]["bfloat16"]["candidates"].append({"genome": gid, "where": {"feature": "log2_m", "le": 3.0}})
+    path.write_text(json.dumps(data))
+    table = Table(path)
+    def timed(m, n):
+        return gid in [k.genome for k in table.kernels_of("bfloat16", m, n)]
+    assert timed(5000, 200) and timed(8, 4096) and not timed(5000, 4096)
