@@ -24,6 +24,10 @@
 // or go where the plan's flags say: dynamic shared memory (a region per row group, combined at the end) or a
 // partial row in global memory. The flags also pick the vector path (N % VEC == 0, aligned pointers), the narrow
 // path (gene NARROW: N even, two elements at a time) or one element at a time, so that any (M, N) is correct.
+// With TAIL=peel and rows not a multiple of the vector (PLAN_PEEL), the vector path still runs: the plan's row stride
+// times N is a multiple of the vector, so every row of a thread starts the same hd elements before a vector boundary,
+// and its vectors (hence its dw columns) are the same in every row; the head [0, hd) and the tail past the last whole
+// vector, each shorter than a vector, go one element at a time to threads gl < hd and gl < tl.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -38,6 +42,7 @@
 #define PLAN_DW_GLOBAL 4  // ... to the partial row of (slot, row group) in global memory; neither: all in registers
 #define PLAN_DW_WARP 8    // sub-warp rows, all in registers: a warp's groups add theirs by shuffles, a region per warp
 #define PLAN_NARROW 16    // not the vector path, but N even (gene narrow): 2-element vectors, not one element at a time
+#define PLAN_PEEL 32      // not the vector path, but aligned pointers and a row stride that keeps hd (gene tail=peel)
 
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;
@@ -132,8 +137,8 @@ template <int V> __device__ __forceinline__ void grad(const Pack<V>& xv, const P
 }
 
 // dw partial += dy * xhat for vector slot k: shared memory (lane-major per (k, e): no bank conflicts) or global.
-template <int V> __device__ __forceinline__ void dw_add(float* dsm, float* prow, bool in_smem, int k, int lane,
-                                                        int v, const float (&df)[V], const float (&xh)[V]) {
+template <int V, bool PEEL = false> __device__ __forceinline__ void dw_add(float* dsm, float* prow, bool in_smem, int k,
+                                                        int lane, int v, const float (&df)[V], const float (&xh)[V]) {
   if (in_smem) {
 #pragma unroll
     for (int e = 0; e < V; ++e) dsm[(k * V + e) * TPR + lane] = fmaf(df[e], xh[e], dsm[(k * V + e) * TPR + lane]);
@@ -141,22 +146,48 @@ template <int V> __device__ __forceinline__ void dw_add(float* dsm, float* prow,
     float d[V];
 #pragma unroll
     for (int e = 0; e < V; ++e) d[e] = df[e] * xh[e];
-    red_f32<V>(prow + (size_t)v * V, d);
+    red_run<V, PEEL>(prow + (size_t)v * V, d);
   }
 }
 
-template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* red, Cluster* cl, float* dsm_all,
-                                                          Pack<V>* ring) {
+// Passes 1 and 2 of one head or tail element (tail=peel) at column col of the row at off: its g * x, then dx stored
+// and dy * xhat added to its partial (pass 2 reads x, dy and w again, from L1 or L2, and the partial is added where
+// it lies, by its one owner thread: no registers held across the row sum or the rows).
+__device__ __forceinline__ float edge_dot(const Args& a, size_t off, int col) {
+  return load_elem(a.dy + off + col) * __ldg(a.w + col) * load_elem(a.x + off + col);
+}
+__device__ __forceinline__ void edge_grad(const Args& a, size_t off, int col, float rs, float c, float* dw) {
+  const float xh = load_elem(a.x + off + col) * rs, d = load_elem(a.dy + off + col);
+  store_elem(a.dx + off + col, rs * fmaf(-xh, c, d * __ldg(a.w + col)));
+  const float t[1] = {d * xh};
+  red_f32<1>(dw, t);
+}
+
+template <int V, bool PEEL = false> __device__ __forceinline__ void run_rows(const Args& a, float* red, Cluster* cl,
+                                                                             float* dsm_all, Pack<V>* ring) {
   const int grp = threadIdx.x / TPR, lane = threadIdx.x % TPR;
 #if CLUSTER > 1
   const int rank = cluster_id(0), slot = cluster_id(1);
-  if (slot >= a.slots) return;                 // launched beyond the plan: idle (a cluster leaves as a whole)
+  if (slot >= a.slots) return;                // launched beyond the plan: idle (a cluster leaves as a whole)
   cluster_start(*cl);
 #else
   const int rank = 0, slot = blockIdx.x;
   if (slot >= a.slots) return;
 #endif
-  const int gl = rank * TPR + lane, nv = a.N / V, K = (nv + TPRC - 1) / TPRC;
+  // PEEL: this thread's rows start hd elements before a vector boundary (the same hd in each: the plan's stride of
+  // slots * ROWS_PER_CTA rows times N is a multiple of VEC, or the thread has one row; anything else traps). Its
+  // vectors start at element hd of the row (of w, of the partial row), where they are aligned in every row.
+  int hd = 0;
+  if constexpr (PEEL) {
+    const int first = slot * ROWS_PER_CTA + grp, stride = a.slots * ROWS_PER_CTA;
+    hd = min((VEC - (int)((size_t)first * a.N % VEC)) % VEC, a.N);
+    if ((size_t)stride * a.N % VEC && first + stride < a.M) __trap();
+  }
+  const float* w = a.w + hd;
+  const int gl = rank * TPR + lane, nv = (a.N - hd) / V, K = (nv + TPRC - 1) / TPRC;
+  // This thread's head element (column gl < hd) and tail element (column tail_at + gl, gl < tl), with tail=peel.
+  const int tail_at = hd + nv * V, tl = PEEL ? a.N - tail_at : 0;
+  const bool eh = PEEL && gl < hd, et = PEEL && gl < tl;
   const bool in_smem = a.plan & PLAN_DW_SMEM;
   const bool in_global = a.plan & PLAN_DW_GLOBAL;
   // Sub-warp rows with every partial in registers: shared memory holds a region per warp, not per row group.
@@ -165,7 +196,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
   float* dsm = dsm_all + (size_t)(by_warp ? threadIdx.x / 32 : grp) * K * V * TPR;
   // Global partials get a row per (slot, row group), so that every element has exactly one owner thread. With
   // sub-warp rows only a group that starts within M owns one (the plan counts partial rows below M).
-  float* prow = a.partial + (size_t)(in_global ? slot * ROWS_PER_CTA + grp : slot) * a.N;
+  float* prow = a.partial + (size_t)(in_global ? slot * ROWS_PER_CTA + grp : slot) * a.N + hd;
   const bool parked = TPR < 32 && in_global && slot * ROWS_PER_CTA + grp >= a.M;
 
   float wr[KV][V], dwr[KV][V];
@@ -173,15 +204,19 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
   for (int k = 0; k < KV; ++k) {
 #pragma unroll
     for (int e = 0; e < V; ++e) wr[k][e] = dwr[k][e] = 0.f;
-    if (gl + k * TPRC < nv) load_f32<V>(a.w + (size_t)(gl + k * TPRC) * V, wr[k]);
+    if (gl + k * TPRC < nv) load_run<V, PEEL>(w + (size_t)(gl + k * TPRC) * V, wr[k]);
   }
   const float zero[V] = {};
+  if constexpr (PEEL) {   // the head and tail columns: one owner thread per partial row, which adds every row's
+    if (eh) prow[gl - hd] = 0.f;
+    if (et) prow[tail_at - hd + gl] = 0.f;
+  }
   for (int k = 0; gl + k * TPRC < nv; ++k) {   // every partial this thread owns starts at zero
     if (in_smem && !by_warp) {                 // (a warp's region is written once, at the end)
 #pragma unroll
       for (int e = 0; e < V; ++e) dsm[(k * V + e) * TPR + lane] = 0.f;
     } else if (in_global && !parked) {
-      store_f32<V>(prow + (size_t)(gl + k * TPRC) * V, zero);
+      store_run<V, PEEL>(prow + (size_t)(gl + k * TPRC) * V, zero);
     }
   }
 
@@ -191,30 +226,34 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
   Pack<V> xs[KV], ds[KV];
 #if PREFETCH
   Pack<V> xn[KV], dn[KV];
-  load_regs<V>(a, row, gl, nv, xs, ds);
+  load_regs<V>(a, row, gl, nv, xs, ds, hd);
 #endif
   if constexpr (ringed) {
 #pragma unroll
-    for (int j = 0; j < STAGES - 1; ++j) stage_row<V>(a, ring, row + j * stride, j, gl, nv);
+    for (int j = 0; j < STAGES - 1; ++j) stage_row<V>(a, ring, row + j * stride, j, gl, nv, hd);
   }
   for (int base = slot * ROWS_PER_CTA; base < a.M; base += stride, row += stride, ++it) {
     const bool active = row < a.M;             // an idle row group still reaches every barrier
     if constexpr (ringed) {
-      stage_row<V>(a, ring, row + (STAGES - 1) * stride, (it + STAGES - 1) % STAGES, gl, nv);
+      stage_row<V>(a, ring, row + (STAGES - 1) * stride, (it + STAGES - 1) % STAGES, gl, nv, hd);
       cp_async_wait<STAGES - 1>();             // this row's group has landed (this thread's own copies)
       if (active) read_slot<V>(ring, it % STAGES, gl, nv, xs, ds);
     } else {
 #if PREFETCH
-      load_regs<V>(a, row + stride, gl, nv, xn, dn);
+      load_regs<V>(a, row + stride, gl, nv, xn, dn, hd);
 #else
-      load_regs<V>(a, row, gl, nv, xs, ds);
+      load_regs<V>(a, row, gl, nv, xs, ds, hd);
 #endif
     }
     const size_t off = (size_t)(active ? row : 0) * a.N;
-    const elem_t* xr = a.x + off;
-    const elem_t* dyr = a.dy + off;
+    const elem_t* xr = a.x + off + hd;    // the row's first vector (hd = 0 but with tail=peel)
+    const elem_t* dyr = a.dy + off + hd;
     const float rs = active ? __ldg(a.rstd + row) : 0.f;
     float s = 0.f;
+    if constexpr (PEEL) {   // this thread's head and tail elements (tail=peel), read again in pass 2
+      if (active && eh) s = edge_dot(a, off, gl);
+      if (active && et) s += edge_dot(a, off, tail_at + gl);
+    }
     // ---- KF-EDIT-BEGIN first_pass ------------------------------------------------------------------------------
     if (active) {
 #pragma unroll
@@ -229,7 +268,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
           const int v = gl + (k + u) * TPRC;
           if (v >= nv) continue;
           float wf[V];
-          load_f32<V>(a.w + (size_t)v * V, wf);
+          load_run<V, PEEL>(w + (size_t)v * V, wf);
           s += dot<V>(b.x[u], b.dy[u], wf);
         }
       }
@@ -239,7 +278,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
     // ---- KF-EDIT-BEGIN second_pass -----------------------------------------------------------------------------
     if (active) {
       if constexpr (ringed) read_slot<V>(ring, it % STAGES, gl, nv, xs, ds);   // again: no registers held across
-      elem_t* dxr = a.dx + off;
+      elem_t* dxr = a.dx + off + hd;
       float df[V], xh[V];
 #pragma unroll
       for (int k = 0; k < KV; ++k) {
@@ -250,7 +289,7 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
 #pragma unroll
           for (int e = 0; e < V; ++e) dwr[k][e] = fmaf(df[e], xh[e], dwr[k][e]);
         } else {
-          dw_add<V>(dsm, prow, in_smem, k, lane, v, df, xh);
+          dw_add<V, PEEL>(dsm, prow, in_smem, k, lane, v, df, xh);
         }
       }
 #pragma unroll 1
@@ -262,13 +301,17 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
           const int v = gl + (k + u) * TPRC;
           if (v >= nv) continue;
           float wf[V];
-          load_f32<V>(a.w + (size_t)v * V, wf);
+          load_run<V, PEEL>(w + (size_t)v * V, wf);
           grad<V>(b.x[u], b.dy[u], wf, rs, c, dxr + (size_t)v * V, df, xh);
-          dw_add<V>(dsm, prow, in_smem, k + u, lane, v, df, xh);
+          dw_add<V, PEEL>(dsm, prow, in_smem, k + u, lane, v, df, xh);
         }
       }
     }
     // ---- KF-EDIT-END second_pass -------------------------------------------------------------------------------
+    if constexpr (PEEL) {
+      if (active && eh) edge_grad(a, off, gl, rs, c, prow - hd + gl);
+      if (active && et) edge_grad(a, off, tail_at + gl, rs, c, prow - hd + tail_at + gl);
+    }
 #if PREFETCH
 #pragma unroll
     for (int k = 0; k < KV; ++k) { xs[k] = xn[k]; ds[k] = dn[k]; }
@@ -299,15 +342,15 @@ template <int V> __device__ __forceinline__ void run_rows(const Args& a, float* 
         t[e] = 0.f;
         for (int g = 0; g < regions; ++g) t[e] += dsm_all[(size_t)g * K * V * TPR + (k * V + e) * TPR + lane];
       }
-      store_f32<V>(prow + (size_t)(gl + k * TPRC) * V, t);
+      store_run<V, PEEL>(prow + (size_t)(gl + k * TPRC) * V, t);
     }
   } else if (DW_ACC == DW_ACC_REGS && !parked) {
 #pragma unroll
     for (int k = 0; k < KV; ++k) {
       const int v = gl + k * TPRC;
       if (v >= nv) continue;
-      if (in_global) red_f32<V>(prow + (size_t)v * V, dwr[k]);
-      else store_f32<V>(prow + (size_t)v * V, dwr[k]);
+      if (in_global) red_run<V, PEEL>(prow + (size_t)v * V, dwr[k]);
+      else store_run<V, PEEL>(prow + (size_t)v * V, dwr[k]);
     }
   }
 #if CLUSTER > 1
@@ -330,6 +373,9 @@ rmsnorm_bwd(const elem_t* __restrict__ x, const float* __restrict__ w, const ele
   float* dsm = reinterpret_cast<float*>(dynamic_smem + RING_BYTES);
   const Args a{x, w, dy, rstd, dx, partial, M, N, slots, plan};
   if (plan & PLAN_VECTOR) run_rows<VEC>(a, red, cl, dsm, reinterpret_cast<Pack<VEC>*>(dynamic_smem));
+#if TAIL == TAIL_PEEL
+  else if (plan & PLAN_PEEL) run_rows<VEC, true>(a, red, cl, dsm, reinterpret_cast<Pack<VEC>*>(dynamic_smem));
+#endif
 #if NARROW
   else if (VEC > 2 && (plan & PLAN_NARROW)) run_rows<2>(a, red, cl, dsm, reinterpret_cast<Pack<2>*>(dynamic_smem));
 #endif

@@ -102,6 +102,60 @@ template <int V> __device__ __forceinline__ void red_f32(float* p, const float (
 }
 // ---- KF-EDIT-END load_store ------------------------------------------------------------------------------------
 
+// fp32 runs that may start at any element (tail=peel: w and the dw partials of a row's vectors start hd elements past
+// a vector boundary): the widest pieces the address allows. ANY=false is the aligned run above; with ANY the check is
+// at run time, and alike in every lane that shares a row (one hd per row group), so the branch does not diverge.
+template <int V> __device__ __forceinline__ int piece_at(const float* p) {
+  const unsigned int a = (unsigned int)reinterpret_cast<unsigned long long>(p);
+  return PIECE<V> == 4 && (a & 15) == 0 ? 4 : PIECE<V> >= 2 && (a & 7) == 0 ? 2 : 1;
+}
+
+template <int V, bool ANY> __device__ __forceinline__ void load_run(const float* p, float (&f)[V]) {
+  const int w = ANY ? piece_at<V>(p) : PIECE<V>;
+  if (w == PIECE<V>) {
+    load_f32<V>(p, f);
+  } else if (w == 2) {
+    if constexpr (V % 2 == 0)
+#pragma unroll
+      for (int i = 0; i < V; i += 2) {
+        const float2 t = __ldg(reinterpret_cast<const float2*>(p + i));
+        f[i] = t.x; f[i + 1] = t.y;
+      }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) f[i] = __ldg(p + i);
+  }
+}
+
+template <int V, bool ANY> __device__ __forceinline__ void store_run(float* p, const float (&f)[V]) {
+  const int w = ANY ? piece_at<V>(p) : PIECE<V>;
+  if (w == PIECE<V>) {
+    store_f32<V>(p, f);
+  } else if (w == 2) {
+    if constexpr (V % 2 == 0)
+#pragma unroll
+      for (int i = 0; i < V; i += 2) *reinterpret_cast<float2*>(p + i) = make_float2(f[i], f[i + 1]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = f[i];
+  }
+}
+
+template <int V, bool ANY> __device__ __forceinline__ void red_run(float* p, const float (&f)[V]) {
+  const int w = ANY ? piece_at<V>(p) : PIECE<V>;
+  if (w == PIECE<V>) {
+    red_f32<V>(p, f);
+  } else if (w == 2) {
+    if constexpr (V % 2 == 0)
+#pragma unroll
+      for (int i = 0; i < V; i += 2)
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(p + i), "f"(f[i]), "f"(f[i + 1]) : "memory");
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) asm volatile("red.global.add.f32 [%0], %1;" :: "l"(p + i), "f"(f[i]) : "memory");
+  }
+}
+
 #include "cp_async.cuh"
 
 #if DTYPE == DTYPE_BFLOAT16
@@ -143,6 +197,17 @@ template <int V> __device__ __forceinline__ Pack<V> pack(const float (&f)[V]) {
     else reinterpret_cast<elem_t*>(v.w)[i] = (elem_t)f[i];
   }
   return v;
+}
+
+// One element as fp32, and back: tail=peel's head and tail elements.
+__device__ __forceinline__ float load_elem(const elem_t* p) {
+  float f[1];
+  unpack(load_pack<1>(p), f);
+  return f[0];
+}
+__device__ __forceinline__ void store_elem(elem_t* p, float v) {
+  const float f[1] = {v};
+  store_pack<1>(p, pack<1>(f));
 }
 
 // ---- cluster exchange (CLUSTER > 1) ----------------------------------------------------------------------------
@@ -305,11 +370,11 @@ struct Args {   // the main kernel's arguments
   int M, N, slots, plan;
 };
 
-// Loads a row's register vectors into registers (nothing past the last row).
+// Loads a row's register vectors into registers (nothing past the last row); they start hd elements into the row.
 template <int V> __device__ __forceinline__ void load_regs(const Args& a, int row, int gl, int nv, Pack<V> (&xs)[KV],
-                                                            Pack<V> (&ds)[KV]) {
+                                                            Pack<V> (&ds)[KV], int hd = 0) {
   if (row >= a.M) return;
-  const size_t off = (size_t)row * a.N;
+  const size_t off = (size_t)row * a.N + hd;
 #pragma unroll
   for (int k = 0; k < KV; ++k) {
     const int v = gl + k * TPRC;
@@ -325,11 +390,12 @@ template <int V> __device__ __forceinline__ Pack<V>* ring_at(Pack<V>* ring, int 
   return ring + ((s * KV + k) * 2 + t) * THREADS + threadIdx.x;
 }
 
-// Starts copying a row's register vectors into slot s (nothing past the last row), as one commit group.
+// Starts copying a row's register vectors (from element hd on) into slot s (nothing past the last row), as one commit
+// group.
 template <int V> __device__ __forceinline__ void stage_row(const Args& a, Pack<V>* ring, int row, int s, int gl,
-                                                           int nv) {
+                                                           int nv, int hd = 0) {
   if (row < a.M) {
-    const size_t off = (size_t)row * a.N;
+    const size_t off = (size_t)row * a.N + hd;
 #pragma unroll
     for (int k = 0; k < KV; ++k) {
       const int v = gl + k * TPRC;

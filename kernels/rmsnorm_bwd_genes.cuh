@@ -84,6 +84,12 @@
 #ifndef NARROW
 #define NARROW 0
 #endif
+// tail (structure)
+#define TAIL_NONE 0
+#define TAIL_PEEL 1
+#ifndef TAIL
+#define TAIL TAIL_NONE
+#endif
 // small_m (structure)
 #define SMALL_M_NONE 0
 #define SMALL_M_DIRECT 1

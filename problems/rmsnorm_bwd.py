@@ -19,9 +19,9 @@ from .rmsnorm_fwd import PEERS
 from .rmsnorm_bwd_plan import (  # noqa: F401  (re-exported: tests and tools read them here)
     DIRECT_ROWS, DTYPE_BYTES, DW_THREADS, EPS, MAX_SMEM_PER_CTA, MAX_STATIC_SMEM, MIN_RING_THREADS_PER_SM,
     MAX_CTAS_PER_SM, MAX_ROWS_PER_CTA, MIN_THREADS_PER_SM, PLAN_DW_GLOBAL, PLAN_DW_SMEM, PLAN_DW_WARP,
-    PLAN_NARROW, PLAN_VECTOR, RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS, SCRATCH_SPARE, SLOT_ROWS, SMEM_PER_SM,
-    SMEM_SLACK, SMS, SUBWARP_TPR, THREADS_PER_SM, Plan, plan, recipe, register_limit, registers, ring_bytes,
-    scratch_rows, static_smem)
+    PLAN_NARROW, PLAN_PEEL, PLAN_VECTOR, RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS, SCRATCH_SPARE, SLOT_ROWS,
+    SMEM_PER_SM, SMEM_SLACK, SMS, SUBWARP_TPR, THREADS_PER_SM, Plan, plan, recipe, register_limit, registers,
+    ring_bytes, scratch_rows, static_smem)
 
 
 def _rule(g: Mapping[str, GeneValue]) -> str | None:
@@ -51,6 +51,12 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
     if g["small_m"] == "grouped" and -(-(direct + 1) // (rows * SLOT_ROWS)) >= resident:
         return (f"small_m=grouped changes no plan of cluster={cluster}: past the direct plan's {direct} rows, "
                 f"slots of {SLOT_ROWS} rows are already all {resident} resident ones; use small_m=direct")
+    if g.get("tail") == "peel" and rows != 1:
+        return ("tail=peel keeps each thread's vectors the same in every row it runs only with one row per CTA: "
+                f"needs rows_per_cta=1, not {rows}")
+    if g.get("tail") == "peel" and register_limit(g) < 128:
+        return (f"tail=peel's second vector path spills under the {register_limit(g)} registers per thread that "
+                f"{g['ctas_per_sm']} CTAs of {threads} threads allow: needs at most 512 threads per SM")
     if g["reduce"] == "smem" and tpr <= 32:
         return f"a row of {tpr} threads (one warp or less) sums with shuffles; reduce=smem is for rows of several warps"
     if static_smem(g) > MAX_STATIC_SMEM:
@@ -96,6 +102,10 @@ SPACE = GeneSpace(
         Gene("narrow", (False, True), False,
              doc="rows whose N is even but no multiple of the vector: 2-element vectors (4 bytes in bf16 and fp16, "
                  "8 in fp32) instead of one element at a time (no effect where the vector is 2 elements already)"),
+        Gene("tail", ("none", "peel"), "none",
+             doc="rows whose N is no multiple of the vector: the narrow or one-element path | the vector path with a "
+                 "peeled head and tail (one element at a time), the slots a multiple of the rows' alignment period "
+                 "(rows_per_cta=1)"),
         Gene("small_m", ("none", "direct", "grouped"), "none",
              doc="at M up to DIRECT_ROWS per CTA of a slot, one slot runs every row and writes dw itself (one launch, "
                  "no partials) | that, and above it slots of SLOT_ROWS rows at least (fewer partial rows to sum)"),
@@ -111,9 +121,11 @@ BENCHMARK = ((32768, 256), (32768, 512), (32768, 1024), (32768, 2048), (32768, 4
 # Small and odd: M = 1 and M not a multiple of rows_per_cta; N below a warp, not a multiple of any vector width,
 # even but no multiple of a vector (the narrow path: 4100, 1030, 66),
 # rows too wide for registers (shared-memory partials) and for shared memory (global partials); M large enough
-# that slots loop over many rows and the reduction sums hundreds of partial rows.
+# that slots loop over many rows and the reduction sums hundreds of partial rows; rows no multiple of a vector run by
+# slots of several rows, their partials in shared and in global memory (tail=peel: 600 x 5001, 300 x 30001).
 CORRECTNESS = ((1, 256), (1, 7), (3, 1), (5, 33), (17, 760), (7, 1128), (199, 1024), (9, 4100), (64, 2048),
-               (3, 20000), (2, 65536), (1, 262144), (5, 3001), (1000, 256), (3000, 40), (33, 1030), (300, 66))
+               (3, 20000), (2, 65536), (1, 262144), (5, 3001), (1000, 256), (3000, 40), (33, 1030), (300, 66),
+               (600, 5001), (300, 30001))
 HELDOUT = ((4096, 2880), (4096, 3584), (4096, 5120), (4096, 7168), (1, 7168))
 
 

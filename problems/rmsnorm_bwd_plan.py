@@ -34,9 +34,11 @@ MAX_ROWS_PER_CTA = 32
 SCRATCH_SPARE = 8
 SCRATCH_BYTES = 256 * 2**20
 DW_THREADS = 256                   # the template's rmsnorm_bwd_dw block
-PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL, PLAN_DW_WARP, PLAN_NARROW = 1, 2, 4, 8, 16   # the template's PLAN_*
+PLAN_VECTOR, PLAN_DW_SMEM, PLAN_DW_GLOBAL, PLAN_DW_WARP, PLAN_NARROW, PLAN_PEEL = 1, 2, 4, 8, 16, 32   # PLAN_*
 BASE_REGS = 28                     # registers besides the slots and one vector's unpacked temporaries
 RING_REGS = 16                     # more with a cp.async ring: slot addresses, and both passes' loads from it
+PEEL_REGS = 8                      # more with tail=peel: a second vector path, its head and tail (more beside a ring)
+PEEL_RING_REGS = 6
 # A cluster's CTAs share one GPC, and the H200's GPCs hold different numbers of SMs, so fewer than SMS // cluster
 # clusters of 4 or more are resident at once: with one CTA per SM, the driver counts 30 of 4, 15 of 8 and 7 of 16
 # (cuOccupancyMaxActiveClusters, tests/gpu). A persistent grid launches no more clusters than are resident (times
@@ -62,7 +64,8 @@ def registers(g: Mapping[str, GeneValue]) -> int:
     per_vec = 2 * words * (2 if g["prefetch"] else 1) + elems * (2 if g["dw_acc"] == "regs" else 1)
     sb = int(g["stream_batch"])   # a batch's other vectors, and addresses (more per byte with 8-byte vectors)
     batch = (sb - 1) * (2 * words + elems) + (16 if words == 4 else 24) if sb > 1 else 0
-    return BASE_REGS + 2 * elems + int(g["reg_vecs"]) * per_vec + batch + (RING_REGS if int(g["stages"]) else 0)
+    return (BASE_REGS + 2 * elems + int(g["reg_vecs"]) * per_vec + batch + (RING_REGS if int(g["stages"]) else 0)
+            + (PEEL_REGS + (PEEL_RING_REGS if int(g["stages"]) else 0) if g.get("tail") == "peel" else 0))
 
 
 def register_limit(g: Mapping[str, GeneValue]) -> int:
@@ -114,7 +117,12 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
 
     Sub-warp rows (threads / rows_per_cta below 32): shared-memory partials per warp where the register vectors cover
     the row (_by_warp), and global partial rows only for the row groups that start within M (_group_rows); a genome
-    of whole-warp rows gets the recipe it always had."""
+    of whole-warp rows gets the recipe it always had.
+
+    tail=peel (PLAN_PEEL, see _peel): rows of N > vec elements, not a multiple of vec, with aligned pointers, take the
+    vector path with a peeled head and tail; the slots are rounded to a multiple of the vectors' period over rows, so
+    that every row a thread runs starts at the same offset from a vector boundary. It takes precedence over narrow,
+    and a small_m genome then plans direct only at M = 1 (one slot would run rows of every offset)."""
     threads, rows, cluster = int(g["threads"]), int(g["rows_per_cta"]), int(g["cluster"])
     tpr = threads // rows
     vec_bytes = int(g["vec_bytes"])
@@ -126,10 +134,14 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
     by_warp = g["dw_acc"] == "regs" and tpr < 32   # sub-warp rows: see _by_warp
     resident = RESIDENT_CLUSTERS.get(cluster, SMS // cluster) * int(g["ctas_per_sm"])   # clusters that fit at once
     narrow = bool(g.get("narrow")) and vec > 2
+    peel = g.get("tail", "none") == "peel"   # (a genome without it gets the recipe it was exported with)
+    wide = ["or", "vector", "peel"] if peel else "vector"   # the vector path, peeled or not
+    slots = ["max", 1, ["min", ["cdiv", "M", rows * (SLOT_ROWS if g["small_m"] == "grouped" else 1)], resident, "cap"]]
     let = [
         ["aligned", aligned],
         ["vector", ["and", "aligned", ["eq", ["mod", "N", vec], 0]]],
-        *(_narrow(dtype, vec) if narrow else [["width", ["if", "vector", vec, 1]]]),
+        *(_peel_let(vec, resident) if peel else []),
+        *(_narrow(dtype, vec, peel) if narrow else [["width", ["if", wide, vec, 1]]]),
         ["vecs", ["cdiv", ["div", "N", "width"], tpr * cluster]],
         ["partials", ["mul", "vecs", ["mul", "width", rows * tpr * 4]]],
         *(_by_warp(threads, tpr, int(g["reg_vecs"])) if by_warp else []),
@@ -141,8 +153,7 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
         ["shared", ["if", ["and", ["not", "in_regs"], "in_smem"], ["add", ring, "partials"], ring]],
         ["scratch", scratch_expr(max(SCRATCH_SPARE, rows) if tpr >= 32 else SCRATCH_SPARE)],
         ["cap", ["div", "scratch", ["if", ["eq", "flags", PLAN_DW_GLOBAL], rows, 1]]],
-        ["slots", ["max", 1, ["min", ["cdiv", "M", rows * (SLOT_ROWS if g["small_m"] == "grouped" else 1)],
-                              resident, "cap"]]],
+        ["slots", _peel(slots) if peel else slots],
         ["partial_rows", ["if", ["eq", "flags", PLAN_DW_GLOBAL], _group_rows(rows, tpr), "slots"]],
         ["dw_width", ["if", ["and", ["eq", ["mod", "N", 4], 0], "aligned"], 4, 1]],
         ["columns", ["cdiv", "N", "dw_width"]],
@@ -153,8 +164,7 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
             "smem": "shared",
             "args": [["ptr", "x"], ["ptr", "w"], ["ptr", "dy"], ["ptr", "rstd"], ["ptr", "dx"], ["ptr", "dw_partial"],
                      ["i32", "M"], ["i32", "N"], ["i32", "slots"],
-                     ["i32", ["add", "flags", ["if", "vector", PLAN_VECTOR,
-                                               ["if", "narrow", PLAN_NARROW, 0] if narrow else 0]]]]}
+                     ["i32", ["add", "flags", ["if", "vector", PLAN_VECTOR, _mode(peel, narrow)]]]]}
     reduce = {"kernel": "rmsnorm_bwd_dw", "grid": ["cdiv", "columns", "qx"], "block": DW_THREADS,
               "args": [["ptr", "dw_partial"], ["ptr", "dw"], ["i32", "partial_rows"], ["i32", "N"], ["i32", "qx"],
                        ["i32", ["if", ["eq", "dw_width", 4], 1, 0]]]}
@@ -165,7 +175,8 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
     # those take a row per row group, and dw has one.
     at = next(i for i, (name, _) in enumerate(let) if name == "slots")
     direct = DIRECT_ROWS * rows * cluster
-    let.insert(at, ["direct", ["and", ["le", "M", direct], rows == 1 or ["ne", "flags", PLAN_DW_GLOBAL]]])
+    once = [["or", ["not", "peel"], ["eq", "M", 1]]] if peel else []   # peeled rows of every offset: not in one slot
+    let.insert(at, ["direct", ["and", ["le", "M", direct], *once, rows == 1 or ["ne", "flags", PLAN_DW_GLOBAL]]])
     let[at + 1] = ["slots", ["if", "direct", 1, let[at + 1][1]]]
     alone = {**main, "when": "direct", "args": [*main["args"][:5], ["ptr", "dw"], *main["args"][6:]]}
     # Scratch for exactly the partial rows written (none when the one slot writes dw: no step names it then).
@@ -173,13 +184,37 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
             "steps": [alone, {**main, "when": ["not", "direct"]}, {**reduce, "when": ["not", "direct"]}]}
 
 
-def _narrow(dtype: str, vec: int) -> list:
-    """Gene narrow: where the vector path cannot run but N is even and x, dy, dx are aligned to two elements,
-    2-element vectors (PLAN_NARROW) rather than one element at a time."""
-    ok = ["and", ["not", "vector"], ["eq", ["mod", "N", 2], 0],
+def _peel_let(vec: int, resident: int) -> list:
+    """tail=peel: row r starts (r * N) % vec elements past a vector boundary, which repeats every `period` rows (the
+    least power of two with period * N a multiple of vec; vec is 2, 4 or 8). A plan peels rows of more than a vector,
+    not a multiple of it, with aligned pointers, where a period of slots is resident at once."""
+    return [["period", ["if", ["eq", ["mod", "N", vec], 0], 1, ["if", ["eq", ["mod", ["mul", "N", 2], vec], 0], 2,
+                        ["if", ["eq", ["mod", ["mul", "N", 4], vec], 0], 4, 8]]]],
+            ["peel", ["and", "aligned", ["lt", vec, "N"], ["ne", ["mod", "N", vec], 0], ["le", "period", resident]]]]
+
+
+def _mode(peel: bool, narrow: bool) -> int | list:
+    """The path flag besides PLAN_VECTOR: PLAN_PEEL, else PLAN_NARROW, else 0 (one element at a time)."""
+    rest = ["if", "narrow", PLAN_NARROW, 0] if narrow else 0
+    return ["if", "peel", PLAN_PEEL, rest] if peel else rest
+
+
+def _peel(slots: list) -> list:
+    """Slots of a tail=peel plan where a slot runs several rows: a multiple of the period (rounded down, and at least
+    one period: extra slots have no rows and write zero partials), so that the rows a slot runs all start alike and
+    each thread's vectors (and dw columns) are the same in every row."""
+    return ["if", ["and", "peel", ["lt", slots, "M"]], ["max", "period", ["sub", slots, ["mod", slots, "period"]]],
+            slots]
+
+
+def _narrow(dtype: str, vec: int, peel: bool) -> list:
+    """Gene narrow: where the vector path cannot run (peeled or not) but N is even and x, dy, dx are aligned to two
+    elements, 2-element vectors (PLAN_NARROW) rather than one element at a time."""
+    ok = ["and", ["not", "vector"], *([["not", "peel"]] if peel else []), ["eq", ["mod", "N", 2], 0],
           *(["le", 2 * DTYPE_BYTES[dtype], ["align", t]] for t in ("x", "dy", "dx")),
           *(["le", 16, ["align", t]] for t in ("w", "dw", "dw_partial"))]
-    return [["narrow", ok], ["width", ["if", "vector", vec, ["if", "narrow", 2, 1]]]]
+    return [["narrow", ok], ["width", ["if", ["or", "vector", "peel"] if peel else "vector", vec,
+                                       ["if", "narrow", 2, 1]]]]
 
 
 def _by_warp(threads: int, tpr: int, reg_vecs: int) -> list:
@@ -230,6 +265,6 @@ def plan(g: Mapping[str, GeneValue], m: int, n: int, dtype: str, aligned: bool =
     align = 16 if aligned else 2
     v = recipe_names(recipe(g, dtype), m, n, 0.0,
                      {t: align for t in ("x", "dy", "dx", "w", "dw", "dw_partial")})
-    mode = PLAN_VECTOR if v["vector"] else PLAN_NARROW if v.get("narrow") else 0
+    mode = PLAN_VECTOR if v["vector"] else PLAN_PEEL if v.get("peel") else PLAN_NARROW if v.get("narrow") else 0
     return Plan(v["slots"], int(g["cluster"]), v["flags"] + mode, v["shared"],
                 v["partial_rows"], v["dw_width"], v["qx"], -(-v["columns"] // v["qx"]), 1 if v.get("direct") else 2)

@@ -208,3 +208,30 @@ def test_the_studys_grids_are_feasible_and_their_shapes_held_out_of_every_campai
         assert all(region.get("m", (1, 1 << 30))[0] <= c.shape[0] <= region.get("m", (1, 1 << 30))[1]
                    and c.shape[1] <= region.get("n", (1, 1 << 30))[1] for c in cases)
         assert dispatch.parse_region(where)["feature"] in ("log2_n", "log2_m")
+
+
+def test_twin_swaps_every_feasible_genome_for_its_twin_and_keeps_the_rest(capsys):
+    from kernel_factory.problems.rmsnorm_bwd import problem as bwd
+    path = SHIPPED.parent / "rmsnorm_bwd.json"
+    table, before = dispatch.load(path), dispatch.load(path)
+    renamed = dispatch.twin(table, bwd, {"tail": "peel"})
+    for dtype, entry in before["dtypes"].items():
+        old, new = dispatch.op_table.chosen_genomes(entry), dispatch.op_table.chosen_genomes(table["dtypes"][dtype])
+        assert new == [renamed.get(g, g) for g in old]   # the same choices, in the same places, under twin ids
+        for gid in set(old):
+            genes = {**bwd.space.defaults(), **before["genomes"][gid]["genes"]}
+            if gid in renamed:   # the twin: the same genes but tail=peel, feasible
+                assert table["genomes"][renamed[gid]]["genes"] == {**genes, "tail": "peel"}
+                assert gid not in table["genomes"]
+            else:                # kept: its twin breaks the problem's rule (rows_per_cta > 1, registers)
+                assert bwd.space.why_infeasible({**genes, "tail": "peel"}) and gid in table["genomes"]
+    assert renamed and len(renamed) < len(before["genomes"])
+    costs = json.dumps(table["dtypes"]["bfloat16"]["rule"])   # the rule's costs follow the ids
+    assert not any(f'"{gid}"' in costs for gid in renamed)
+    assert table["twinned"] == [{"changes": {"tail": "peel"}, "genomes": len(renamed)}]
+    assert cli.main(["twin", "--problem", "rmsnorm_bwd", "--set", "tail=always", "--table", str(path)]) \
+        == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "tail=always" in err and "'none', 'peel'" in err and "Traceback" not in err
+    with pytest.raises(dispatch.TableError, match="is not a gene value of rmsnorm_bwd"):
+        dispatch.twin(table, bwd, {"tails": "peel"})

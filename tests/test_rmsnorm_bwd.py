@@ -2,6 +2,7 @@
 order but not a dropped row, launch plans (grid, scratch, shared memory) and the rows and columns they cover, and the
 gene rule. Its NVRTC builds and SASS marks: tests/test_rmsnorm_bwd_sass.py."""
 import math
+import random
 
 import numpy as np
 import pytest
@@ -36,8 +37,8 @@ def test_registered_with_the_public_matrix():
 
 def test_space_is_tens_of_thousands_and_every_value_is_reachable():
     feasible = list(P.space.enumerate())
-    # small_m (a launch plan, one kernel) made it ~2.7x, narrow 2x
-    assert 300 <= len(feasible) <= 600000, len(feasible)
+    # small_m (a launch plan, one kernel) made it ~2.7x, narrow 2x, tail=peel (rows_per_cta=1 only) ~1.6x
+    assert 300 <= len(feasible) <= 1000000, len(feasible)
     for gene in P.space.genes:
         assert {g[gene.name] for g in feasible} == set(gene.choices), gene.name
     taken = {(k, genes(**kw)[k]) for kw in SPREAD for k in DEFAULT}
@@ -174,9 +175,17 @@ def test_plans_stay_within_grid_scratch_and_shared_memory(kw):
         assert dw_bytes >= 0 and (dw_bytes > 0) == bool(p.flags & mod.PLAN_DW_SMEM), label
         if cluster in mod.RESIDENT_CLUSTERS:
             assert p.slots <= mod.RESIDENT_CLUSTERS[cluster] * int(g["ctas_per_sm"]), label
+        # tail=peel: the vector path with a peeled head and tail, where N is no multiple of the vector; every slot
+        # that runs several rows runs rows that start alike (slots * N a multiple of the vector)
+        peel = bool(p.flags & mod.PLAN_PEEL)
+        if peel:
+            assert g["tail"] == "peel" and n % width and n > width, label
+            assert m <= p.slots or p.slots * n % width == 0, label
+        elif g["tail"] == "peel" and n % width and n > width:
+            assert cluster == 16, label   # only where fewer slots than a period are resident
         narrow = bool(p.flags & mod.PLAN_NARROW)   # 2-element vectors: gene narrow, N even, not the vector path
-        assert narrow == (bool(g.get("narrow")) and width > 2 and n % width != 0 and n % 2 == 0), label
-        per = width if p.flags & mod.PLAN_VECTOR else 2 if narrow else 1
+        assert narrow == (bool(g.get("narrow")) and not peel and width > 2 and n % width != 0 and n % 2 == 0), label
+        per = width if p.flags & (mod.PLAN_VECTOR | mod.PLAN_PEEL) else 2 if narrow else 1
         vectors = n // per
         if not p.flags & (mod.PLAN_DW_SMEM | mod.PLAN_DW_GLOBAL):   # all partials in registers: they must fit
             assert rows == 1 and g["dw_acc"] == "regs" and vectors <= int(g["reg_vecs"]) * threads * cluster, label
@@ -186,6 +195,29 @@ def test_plans_stay_within_grid_scratch_and_shared_memory(kw):
             assert dw_bytes == regions * vecs_per_thread * per * (threads // rows) * 4, label
         assert p.dw_qx in (1, 2, 4, 8) and p.dw_width in (1, 4), label
         assert (p.dw_grid - 1) * p.dw_qx * p.dw_width < n <= p.dw_grid * p.dw_qx * p.dw_width, label
+
+
+def test_peeled_rows_of_a_slot_start_alike():
+    """tail=peel, as the template runs it: slot s runs rows s, s + slots, ...; each must start the same hd elements
+    before a vector boundary (the kernel traps otherwise), so that a thread's vectors are the same columns in each."""
+    rng = random.Random()
+    peeled = [genes(tail="peel"), genes(tail="peel", threads=512, cluster=8, ctas_per_sm=1, reg_vecs=2,
+                                        prefetch=False, dw_acc="smem"),
+              genes(tail="peel", small_m="grouped", vec_bytes=8), genes(tail="peel", small_m="direct")]
+    seen = 0
+    for _ in range(400):
+        g, dtype = rng.choice(peeled), rng.choice(mod.problem.dtypes)
+        m, n = rng.choice((1, 2, 7, 64, 263, 264, 265, 1000, 9000)), rng.randrange(9, 70000)
+        p = mod.plan(g, m, n, dtype)
+        vec = int(g["vec_bytes"]) // mod.DTYPE_BYTES[dtype]
+        assert bool(p.flags & mod.PLAN_PEEL) == (n % vec != 0), (g, m, n, dtype)
+        if not p.flags & mod.PLAN_PEEL:
+            continue
+        seen += 1
+        for slot in range(p.slots):
+            heads = {(vec - r * n % vec) % vec for r in range(slot, m, p.slots)}
+            assert len(heads) <= 1, (g, m, n, dtype, slot, heads)
+    assert seen > 100
 
 
 def test_plans_pick_registers_shared_or_global_partials():

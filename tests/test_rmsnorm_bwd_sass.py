@@ -141,3 +141,15 @@ def test_ctas_per_sm_caps_the_registers():
     two = sass_of(threads=256, ctas_per_sm=2, reg_vecs=1, prefetch=False, dw_acc="smem")[1]
     four = sass_of(threads=256, ctas_per_sm=4, reg_vecs=1, prefetch=False, dw_acc="smem")[1]
     assert four.registers <= 64 < two.registers <= 128, (four.registers, two.registers)
+
+
+def test_peeled_tail_is_a_second_vector_path():
+    plain, _ = sass_of()
+    peel, _ = sass_of(tail="peel")
+    # tail=peel instantiates the vector path again (x and dy in 16-byte loads at hd elements past the row's start),
+    # with w and the partials in pieces their address allows (8- and 4-byte loads and stores beside the 16-byte
+    # ones), the trap of a plan whose slots do not keep hd, and the head and tail one 2-byte element at a time
+    assert peel["LDG.E.128.CONSTANT"] > plain["LDG.E.128.CONSTANT"]
+    assert has(peel, "LDG.E.64.CONSTANT") > has(plain, "LDG.E.64.CONSTANT")
+    assert has(peel, "BPT.TRAP") and not has(plain, "BPT.TRAP")
+    assert has(peel, "LDG.E.U16.CONSTANT") > has(plain, "LDG.E.U16.CONSTANT")

@@ -178,6 +178,30 @@ def cmd_widen(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_twin(args: argparse.Namespace) -> int:
+    from . import dispatch, export
+    problem = export.problem_plugin(args.problem)
+    changes = {}
+    for item in args.set:
+        name, _, text = item.partition("=")
+        gene = problem.space[name] if name in problem.space.names else None
+        value = next((c for c in gene.choices if str(c) == text), None) if gene else None
+        if value is None:
+            valid = (f"one of {[str(c) for c in gene.choices]}" if gene
+                     else f"a gene of {', '.join(problem.space.names)}")
+            raise ConfigError(f"--set {item!r}: {name!r} must be {valid}")
+        changes[name] = value
+    table_path = args.table or f"kernels/ops/{args.problem}.json"
+    table = dispatch.load(table_path)
+    renamed = dispatch.twin(table, problem, changes)
+    out = Path(args.out or table_path)
+    dispatch.build(problem, table, out.parent / dispatch.CUBIN_FOLDER)
+    out.write_text(dispatch.dumps(table))
+    print(export.summary(out, table))
+    print(f"twins ({', '.join(args.set)}): {len(renamed)} genomes replaced")
+    return 0
+
+
 def cmd_gap(args: argparse.Namespace) -> int:
     from . import gap
     from .peers import split_names
@@ -303,6 +327,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"problems": lambda _: cmd_problems(), "run": cmd_run, "record": cmd_record, "resume": cmd_resume,
                 "lineage": cmd_lineage, "export": cmd_export, "graft": cmd_graft, "widen": cmd_widen, "bench": cmd_bench, "gap": cmd_gap,
+                "twin": cmd_twin,
                 "report": cmd_report, "faults": cmd_faults,
                 "heldout": cmd_heldout, "genes": cmd_genes, "check": cmd_check, "new": cmd_new}
     return commands.get(args.command, cmd_ui)(args)

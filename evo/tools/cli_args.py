@@ -76,6 +76,13 @@ def parser() -> argparse.ArgumentParser:
     wid.add_argument("--where", metavar="FEATURE<=VALUE",
                      help="time the added candidates only on calls inside this region (e.g. log2_n<=8: rows of at "
                           "most 256 elements), as a study of those shapes measured them")
+    twi = sub.add_parser("twin", help="replace every genome of a dispatch table by its twin with some genes set (where "
+                                      "feasible), and build the kernels")
+    twi.add_argument("--problem", required=True)
+    twi.add_argument("--set", action="append", required=True, metavar="GENE=VALUE",
+                     help="a gene value of every twin (repeatable), e.g. tail=peel")
+    twi.add_argument("--table", help="the table to twin (default: kernels/ops/<problem>.json)")
+    twi.add_argument("--out", help="the table to write (default: the --table itself)")
     hel = sub.add_parser("heldout", help="bench a workload campaign's learned dispatch on its held-out shapes")
     hel.add_argument("campaign", help="the campaign folder (holds workload.json)")
     hel.add_argument("--from", dest="from_json", metavar="BENCH.json", help="re-render a recorded held-out bench")

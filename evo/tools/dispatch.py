@@ -200,6 +200,36 @@ def widen(table: dict[str, Any], panels: Mapping[str, bytes | Path],
     return added
 
 
+def twin(table: dict[str, Any], problem: Problem, changes: Mapping[str, Any]) -> dict[str, str]:
+    """Replaces every genome the table runs by its twin with `changes` to its genes (e.g. tail=peel: a technique that
+    leaves the kernel's other paths as they were), wherever the twin is feasible; the rule, exact widths, general
+    genome and tuning candidates then name the twins, and the rule's recorded costs stay those measured for the
+    originals. A genome whose twin is infeasible stays. Returns {original id: twin id} (build() then compiles)."""
+    wrong = [f"{k}={v!r}" for k, v in changes.items()
+             if k not in problem.space.names or v not in problem.space[k].choices]
+    if wrong:
+        raise TableError(f"twin: {', '.join(wrong)} is not a gene value of {problem.name}; its genes: "
+                         + "; ".join(f"{g.name} in {list(g.choices)}" for g in problem.space.genes))
+    renamed: dict[str, str] = {}
+    for gid in sorted({g for _, entry in table.get("dtypes", {}).items() for g in op_table.chosen_genomes(entry)}):
+        original = _in_space(problem, genome(table, gid))
+        twin_genes = {**original.gene_dict, **changes}
+        if twin_genes == original.gene_dict or problem.space.why_infeasible(twin_genes):
+            continue
+        twinned = Genome.of(twin_genes, original.patch_dict)
+        renamed[gid] = twinned.id
+        table["genomes"][twinned.id] = twinned.to_json()
+    for dtype, entry in table.get("dtypes", {}).items():
+        text = json.dumps(entry)
+        for old, new in renamed.items():   # ids are 16 hex digits: no id is a part of another's text
+            text = text.replace(f'"{old}"', f'"{new}"')
+        table["dtypes"][dtype] = json.loads(text)
+    for gid in renamed:
+        del table["genomes"][gid]
+    table.setdefault("twinned", []).append({"changes": dict(changes), "genomes": len(renamed)})
+    return renamed
+
+
 def graft(table: Mapping[str, Any], graft_file: Mapping[str, Any], dtypes: Sequence[str] | None = None,
           where: str = "graft") -> dict[str, Any]:
     """A copy of the table in which, for each dtype of the graft (or of `dtypes`), the rule first asks whether a

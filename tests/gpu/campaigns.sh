@@ -70,6 +70,18 @@
 #   q3 (carry .gpu-c .int21): QuACK complete; the forward as shipped, widened, on h200-fwd-workload-5's held-out
 #       shapes against every peer (compare with t3's lines on the same kind of card)
 #   q4 (carry .int21): the backward as shipped, widened, on h200-bwd-workload-2's held-out shapes (compare with p3's)
+# 2026-12-07 (later), the backward's peeled tail (gene tail=peel: rows no multiple of the vector take the vector path
+# with a one-element head and tail; issue 29), back to back:
+#   pe1 (carry .gpu-a .int21): QuACK's first bundle, INT21 built in the background; the backward's GPU test file (its
+#       corners include eight tail=peel genomes, gated on every correctness and held-out shape in every dtype); the
+#       op's backward table twinned on the host (`kernel-factory twin --set tail=peel`: each genome whose twin is
+#       feasible swapped for it) into /tmp/twin-bwd, packed
+#   pe2 (carry .gpu-b): QuACK's second bundle; the twinned table installed as the op's; the backward's small-M and
+#       sub-warp GPU tests and the op's, through it
+#   pe3 (carry .gpu-c .int21): QuACK complete; the twinned table installed; h200-bwd-workload-2's held-out shapes
+#       against every peer: the subject is the shipped (untwinned) table's rule, the op is the twinned one, tuned
+#       (compare with p3's lines, where the op was the untwinned table, on the same kind of card)
+#   pe4 (carry .int21): what pe3's bench left (--go-on)
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -87,7 +99,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -129,6 +141,16 @@ widened() {   # PART PANELS REGION: the panels' winners added to the op's PART t
   echo "exit $?" >> "$RES/widen-$part.log"; tail -n 3 "$RES/widen-$part.log"
   grep -q "^exit 0" "$RES/widen-$part.log" || rm -rf "/tmp/widened-$part"
   install_widened
+}
+twinned() {   # the op's backward table with every feasible genome's tail=peel twin, built into /tmp/twin-bwd
+  mkdir -p /tmp/twin-bwd
+  [ -f /tmp/twin-bwd/rmsnorm_bwd.json ] || kernel-factory twin --problem rmsnorm_bwd --set tail=peel \
+    --out /tmp/twin-bwd/rmsnorm_bwd.json > "$RES/twin.log" 2>&1
+  echo "exit $?" >> "$RES/twin.log"; tail -n 2 "$RES/twin.log"
+}
+install_twin() {   # the twinned table as the op's (each call's checkout restores the tracked one)
+  cp /tmp/twin-bwd/rmsnorm_bwd.json kernels/ops/ && cp /tmp/twin-bwd/cubins/* kernels/ops/cubins/ && \
+    cp /tmp/twin-bwd/sources/* kernels/ops/sources/ && echo "installed the twinned backward table"
 }
 install_widened() {   # every table widened on this host so far, as the op's own (each call's checkout restores them)
   local part
@@ -195,14 +217,18 @@ first_call() {   # the first of three calls: the first bundle, INT21 built in th
 }
 SMALL_M=/tmp/small-m
 GRAFT=graft-fwd-small-m
-shipped() {   # PART CAMPAIGN SECONDS [--go-on]: the op's shipped table on that campaign's held-out shapes
-  local part="$1" from="$2" secs="$3" name="shipped-$1"; shift 3
+subject() {   # PART CAMPAIGN: a folder for that campaign's held-out shapes, the op's table (as it is now) its subject
+  local name="shipped-$1"
   if [ ! -f "/tmp/runs/$name/kernels/dispatch.json" ]; then
     mkdir -p "/tmp/runs/$name/kernels"
-    cp "docs/results/workload/$from/workload.json" "/tmp/runs/$name/"
-    cp "kernels/ops/rmsnorm_$part.json" "/tmp/runs/$name/kernels/dispatch.json"
+    cp "docs/results/workload/$2/workload.json" "/tmp/runs/$name/"
+    cp "kernels/ops/rmsnorm_$1.json" "/tmp/runs/$name/kernels/dispatch.json"
   fi
-  heldout "$name" "$secs" "$@"
+}
+shipped() {   # PART CAMPAIGN SECONDS [--go-on]: the op's shipped table on that campaign's held-out shapes
+  local part="$1" from="$2" secs="$3"; shift 3
+  subject "$part" "$from"
+  heldout "shipped-$part" "$secs" "$@"
 }
 case "$stage" in
 q1)
@@ -234,6 +260,33 @@ q4)
   setup
   install_widened
   shipped bwd "$BWD" $(( 570 - SECONDS ))
+  ;;
+pe1)
+  first_call   # QuACK completes in pe3
+  gpu_tests 330 tests/gpu/test_rmsnorm_bwd_gpu.py
+  twinned
+  mkdir -p "$RES/twin" && cp /tmp/twin-bwd/rmsnorm_bwd.json "$RES/twin/" && pack > /dev/null
+  ;;
+pe2)
+  export KF_PEERS=liger
+  setup .gpu-b
+  twinned
+  install_twin
+  gpu_tests $(( 330 - SECONDS )) tests/gpu/test_rmsnorm_bwd_small_gpu.py tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py \
+    tests/gpu/test_rmsnorm_op_gpu.py
+  ;;
+pe3)
+  setup .gpu-c
+  twinned
+  subject bwd "$BWD"   # the shipped table the subject, before the twin is installed
+  install_twin
+  int21_wait 200 || exit 2
+  shipped bwd "$BWD" $(( 580 - SECONDS ))
+  ;;
+pe4)
+  setup
+  install_twin
+  shipped bwd "$BWD" $(( 560 - SECONDS )) --go-on
   ;;
 p1)
   first_call   # QuACK completes in p3

@@ -67,6 +67,19 @@ CORNERS = {
     "narrow_subwarp": dict(narrow=True, threads=128, rows_per_cta=16, ctas_per_sm=4),
     "narrow_cluster8": dict(narrow=True, threads=512, cluster=8, ctas_per_sm=1, reg_vecs=4, prefetch=False,
                             dw_acc="smem"),
+    # tail=peel: the vector path with a peeled head and tail (N = 33, 3001, 4100, 1030, 66, 5001, 30001 of the
+    # correctness shapes), with partials in registers, shared and global memory, beside a ring, across clusters, with
+    # 8-byte vectors and batches, and small_m plans (direct only at M = 1, else grouped slots of several rows)
+    "peel": dict(tail="peel"),
+    "peel_smem_kv1": dict(tail="peel", reg_vecs=1, dw_acc="smem"),
+    "peel_ring3": dict(tail="peel", threads=256, ctas_per_sm=2, reg_vecs=2, stages=3, prefetch=False),
+    "peel_cluster4_vec8": dict(tail="peel", threads=512, cluster=4, ctas_per_sm=1, reg_vecs=4, vec_bytes=8,
+                               load="nc_na", store="cs"),
+    "peel_cluster8_stream2": dict(tail="peel", threads=256, cluster=8, ctas_per_sm=2, reg_vecs=1, stages=2,
+                                  prefetch=False, dw_acc="smem", stream_batch=2),
+    "peel_cluster16": dict(tail="peel", threads=512, cluster=16, ctas_per_sm=1, reg_vecs=2, prefetch=False),
+    "peel_direct": dict(tail="peel", small_m="direct"),
+    "peel_grouped_narrow": dict(tail="peel", small_m="grouped", narrow=True, threads=128, ctas_per_sm=4, reg_vecs=1),
 }
 WIDE = [Case((32768, 1024), "bfloat16"), Case((16384, 131072), "float16"), Case((8192, 262144), "bfloat16")]
 TIMED = [Case((32768, 1024), "bfloat16"), Case((32768, 16384), "bfloat16"), Case((8192, 262144), "bfloat16"),
