@@ -75,7 +75,8 @@
 #   pe1 (carry .gpu-a .int21): QuACK's first bundle, INT21 built in the background; the backward's GPU test file (its
 #       corners include eight tail=peel genomes, gated on every correctness and held-out shape in every dtype); the
 #       op's backward table twinned on the host (`kernel-factory twin --set tail=peel`: each genome whose twin is
-#       feasible swapped for it) into /tmp/twin-bwd, packed
+#       feasible swapped for it) into /tmp/twin-bwd, packed; then, the twin installed, the held-out shapes whose N is
+#       no multiple of the vector against every peer but QuACK (not installed yet), the shipped table the subject
 #   pe2 (carry .gpu-b): QuACK's second bundle; the twinned table installed as the op's; the backward's small-M and
 #       sub-warp GPU tests and the op's, through it
 #   pe3 (carry .gpu-c .int21): QuACK complete; the twinned table installed; h200-bwd-workload-2's held-out shapes
@@ -225,6 +226,19 @@ subject() {   # PART CAMPAIGN: a folder for that campaign's held-out shapes, the
     cp "kernels/ops/rmsnorm_$1.json" "/tmp/runs/$name/kernels/dispatch.json"
   fi
 }
+peel_subject() {   # h200-bwd-workload-2's held-out shapes whose N is no multiple of a 16-byte vector, the shipped
+  # backward table their subject (call it before install_twin): /tmp/runs/peel-bwd
+  [ -f /tmp/runs/peel-bwd/kernels/dispatch.json ] && return 0
+  mkdir -p /tmp/runs/peel-bwd/kernels && cp kernels/ops/rmsnorm_bwd.json /tmp/runs/peel-bwd/kernels/dispatch.json
+  python3 - "docs/results/workload/$BWD/workload.json" /tmp/runs/peel-bwd/workload.json <<'EOF'
+import json, sys
+w = json.load(open(sys.argv[1]))
+vec = {"bfloat16": 8, "float16": 8, "float32": 4}
+w["heldout"] = [c for c in w["heldout"] if int(c.split("x")[-1]) % vec[c.split(":")[0]]]
+json.dump(w, open(sys.argv[2], "w"))
+print(f"peel-bwd: {len(w['heldout'])} held-out shapes")
+EOF
+}
 shipped() {   # PART CAMPAIGN SECONDS [--go-on]: the op's shipped table on that campaign's held-out shapes
   local part="$1" from="$2" secs="$3"; shift 3
   subject "$part" "$from"
@@ -263,9 +277,13 @@ q4)
   ;;
 pe1)
   first_call   # QuACK completes in pe3
-  gpu_tests 330 tests/gpu/test_rmsnorm_bwd_gpu.py
+  gpu_tests 280 tests/gpu/test_rmsnorm_bwd_gpu.py
   twinned
   mkdir -p "$RES/twin" && cp /tmp/twin-bwd/rmsnorm_bwd.json "$RES/twin/" && pack > /dev/null
+  peel_subject
+  install_twin
+  int21_wait 60 || exit 2
+  heldout peel-bwd $(( 585 - SECONDS )) --without quack
   ;;
 pe2)
   export KF_PEERS=liger
