@@ -103,57 +103,53 @@ template <int V> __device__ __forceinline__ void red_f32(float* p, const float (
 // ---- KF-EDIT-END load_store ------------------------------------------------------------------------------------
 
 // fp32 runs that may start at any element (tail=peel: w and the dw partials of a row's vectors start hd elements past
-// a vector boundary): the widest pieces the address allows. ANY=false is the aligned run above; with ANY the check is
-// at run time, and alike in every lane that shares a row (one hd per row group), so the branch does not diverge.
-template <int V> __device__ __forceinline__ int piece_at(const float* p) {
+// a vector boundary), in the widest pieces the address allows. ANY=false is the aligned run above; with ANY the check
+// is at run time, and alike in every lane that shares a row (one hd per row group), so the branch does not diverge.
+enum RunOp { RUN_LOAD, RUN_STORE, RUN_RED };
+
+template <RunOp OP, int P> __device__ __forceinline__ void run_piece(float* p, float* f) {
+  if constexpr (OP == RUN_LOAD) {
+    if constexpr (P == 2) {
+      const float2 t = __ldg(reinterpret_cast<const float2*>(p));
+      f[0] = t.x; f[1] = t.y;
+    } else {
+      f[0] = __ldg(p);
+    }
+  } else if constexpr (OP == RUN_STORE) {
+    if constexpr (P == 2) *reinterpret_cast<float2*>(p) = make_float2(f[0], f[1]);
+    else p[0] = f[0];
+  } else if constexpr (P == 2) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(p), "f"(f[0]), "f"(f[1]) : "memory");
+  } else {
+    asm volatile("red.global.add.f32 [%0], %1;" :: "l"(p), "f"(f[0]) : "memory");
+  }
+}
+
+template <RunOp OP, int V, bool ANY> __device__ __forceinline__ void run_at(float* p, float (&f)[V]) {
   const unsigned int a = (unsigned int)reinterpret_cast<unsigned long long>(p);
-  return PIECE<V> == 4 && (a & 15) == 0 ? 4 : PIECE<V> >= 2 && (a & 7) == 0 ? 2 : 1;
+  const int w = !ANY ? PIECE<V> : PIECE<V> == 4 && (a & 15) == 0 ? 4 : PIECE<V> >= 2 && (a & 7) == 0 ? 2 : 1;
+  if (w == PIECE<V>) {   // the aligned run's own pieces
+    if constexpr (OP == RUN_LOAD) load_f32<V>(p, f);
+    else if constexpr (OP == RUN_STORE) store_f32<V>(p, f);
+    else red_f32<V>(p, f);
+  } else if (w == 2) {
+    if constexpr (V % 2 == 0)
+#pragma unroll
+      for (int i = 0; i < V; i += 2) run_piece<OP, 2>(p + i, f + i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) run_piece<OP, 1>(p + i, f + i);
+  }
 }
 
 template <int V, bool ANY> __device__ __forceinline__ void load_run(const float* p, float (&f)[V]) {
-  const int w = ANY ? piece_at<V>(p) : PIECE<V>;
-  if (w == PIECE<V>) {
-    load_f32<V>(p, f);
-  } else if (w == 2) {
-    if constexpr (V % 2 == 0)
-#pragma unroll
-      for (int i = 0; i < V; i += 2) {
-        const float2 t = __ldg(reinterpret_cast<const float2*>(p + i));
-        f[i] = t.x; f[i + 1] = t.y;
-      }
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) f[i] = __ldg(p + i);
-  }
+  run_at<RUN_LOAD, V, ANY>(const_cast<float*>(p), f);
 }
-
 template <int V, bool ANY> __device__ __forceinline__ void store_run(float* p, const float (&f)[V]) {
-  const int w = ANY ? piece_at<V>(p) : PIECE<V>;
-  if (w == PIECE<V>) {
-    store_f32<V>(p, f);
-  } else if (w == 2) {
-    if constexpr (V % 2 == 0)
-#pragma unroll
-      for (int i = 0; i < V; i += 2) *reinterpret_cast<float2*>(p + i) = make_float2(f[i], f[i + 1]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) p[i] = f[i];
-  }
+  run_at<RUN_STORE, V, ANY>(p, const_cast<float (&)[V]>(f));
 }
-
 template <int V, bool ANY> __device__ __forceinline__ void red_run(float* p, const float (&f)[V]) {
-  const int w = ANY ? piece_at<V>(p) : PIECE<V>;
-  if (w == PIECE<V>) {
-    red_f32<V>(p, f);
-  } else if (w == 2) {
-    if constexpr (V % 2 == 0)
-#pragma unroll
-      for (int i = 0; i < V; i += 2)
-        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(p + i), "f"(f[i]), "f"(f[i + 1]) : "memory");
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) asm volatile("red.global.add.f32 [%0], %1;" :: "l"(p + i), "f"(f[i]) : "memory");
-  }
+  run_at<RUN_RED, V, ANY>(p, const_cast<float (&)[V]>(f));
 }
 
 #include "cp_async.cuh"
