@@ -83,6 +83,7 @@
 #       against every peer: the subject is the shipped (untwinned) table's rule, the op is the twinned one, tuned
 #       (compare with p3's lines, where the op was the untwinned table, on the same kind of card)
 #   pe4 (carry .int21): what pe3's bench left (--go-on)
+#   Each pe stage ends by END (seconds from its start; the call's limit less 15 s) where the budget is short.
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -293,8 +294,8 @@ pe2)
   setup .gpu-b
   twinned
   install_twin
-  gpu_tests $(( 330 - SECONDS )) tests/gpu/test_rmsnorm_bwd_small_gpu.py tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py \
-    tests/gpu/test_rmsnorm_op_gpu.py
+  gpu_tests $(( ${END:-330} - SECONDS )) tests/gpu/test_rmsnorm_bwd_small_gpu.py \
+    tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py tests/gpu/test_rmsnorm_op_gpu.py
   ;;
 pe3)
   setup .gpu-c
@@ -302,7 +303,7 @@ pe3)
   subject bwd "$BWD"   # the shipped table the subject, before the twin is installed
   install_twin
   int21_wait 200 || exit 2
-  shipped bwd "$BWD" $(( 580 - SECONDS ))
+  shipped bwd "$BWD" $(( ${END:-580} - SECONDS ))
   ;;
 pe4)
   setup
