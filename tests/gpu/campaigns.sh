@@ -73,9 +73,9 @@
 # 2026-12-07 (later), the backward's peeled tail (gene tail=peel: rows no multiple of the vector take the vector path
 # with a one-element head and tail; issue 29), back to back:
 #   pe1 (carry .gpu-a .int21): QuACK's first bundle, INT21 built in the background; the backward's GPU test file (its
-#       corners include eight tail=peel genomes, gated on every correctness and held-out shape in every dtype); the
-#       op's backward table twinned on the host (`kernel-factory twin --set tail=peel`: each genome whose twin is
-#       feasible swapped for it) into /tmp/twin-bwd, packed; then, the twin installed, the held-out shapes whose N is
+#       corners include nine tail=peel and seven narrow genomes, gated on every correctness and held-out shape in
+#       every dtype); the op's backward table twinned on the host (`kernel-factory twin --set tail=peel`, then
+#       `--set narrow=True`: each genome whose twin is feasible swapped for it) into /tmp/twin-bwd, packed; then, the twin installed, the held-out shapes whose N is
 #       no multiple of the vector against every peer but QuACK (not installed yet), the shipped table the subject
 #   pe2 (carry .gpu-b): QuACK's second bundle; the twinned table installed as the op's; the backward's small-M and
 #       sub-warp GPU tests and the op's, through it
@@ -144,11 +144,14 @@ widened() {   # PART PANELS REGION: the panels' winners added to the op's PART t
   grep -q "^exit 0" "$RES/widen-$part.log" || rm -rf "/tmp/widened-$part"
   install_widened
 }
-twinned() {   # the op's backward table with every feasible genome's tail=peel twin, built into /tmp/twin-bwd
+twinned() {   # the op's backward table twinned, built into /tmp/twin-bwd: every genome whose tail=peel twin is
+  # feasible swapped for it, then every genome for its narrow=True twin (those at 64 registers cannot peel: their
+  # even widths take 2-element vectors instead of one element at a time; a peeled genome's rows that cannot peel too)
   mkdir -p /tmp/twin-bwd
-  [ -f /tmp/twin-bwd/rmsnorm_bwd.json ] || kernel-factory twin --problem rmsnorm_bwd --set tail=peel \
-    --out /tmp/twin-bwd/rmsnorm_bwd.json > "$RES/twin.log" 2>&1
-  echo "exit $?" >> "$RES/twin.log"; tail -n 2 "$RES/twin.log"
+  [ -f /tmp/twin-bwd/rmsnorm_bwd.json ] || { kernel-factory twin --problem rmsnorm_bwd --set tail=peel \
+    --out /tmp/twin-bwd/rmsnorm_bwd.json && kernel-factory twin --problem rmsnorm_bwd --set narrow=True \
+    --table /tmp/twin-bwd/rmsnorm_bwd.json; } > "$RES/twin.log" 2>&1
+  echo "exit $?" >> "$RES/twin.log"; grep "^twins\|^exit" "$RES/twin.log"
 }
 install_twin() {   # the twinned table as the op's (each call's checkout restores the tracked one)
   cp /tmp/twin-bwd/rmsnorm_bwd.json kernels/ops/ && cp /tmp/twin-bwd/cubins/* kernels/ops/cubins/ && \
@@ -280,7 +283,7 @@ pe1)
   first_call   # QuACK completes in pe3
   # a short call gates the peel corners only (KF_BWD_GENOMES: the default and the corners whose name holds it)
   focus=()
-  if [ "${END:-585}" -lt 500 ]; then export KF_BWD_GENOMES=peel; focus=(-k every_genome); fi
+  if [ "${END:-585}" -lt 500 ]; then export KF_BWD_GENOMES=peel,narrow; focus=(-k every_genome); fi
   gpu_tests $(( ${END:-585} / 2 )) tests/gpu/test_rmsnorm_bwd_gpu.py "${focus[@]}"
   twinned
   mkdir -p "$RES/twin" && cp /tmp/twin-bwd/rmsnorm_bwd.json "$RES/twin/" && pack > /dev/null

@@ -68,6 +68,11 @@ CORNERS = {
     "narrow_subwarp": dict(narrow=True, threads=128, rows_per_cta=16, ctas_per_sm=4),
     "narrow_cluster8": dict(narrow=True, threads=512, cluster=8, ctas_per_sm=1, reg_vecs=4, prefetch=False,
                             dw_acc="smem"),
+    # at 64 registers (2 CTAs of 512 threads), as the op's general and widest-row genomes are, which take narrow but
+    # not tail=peel (its second vector path spills there): their narrow twins
+    "narrow_x2_vec8": dict(narrow=True, threads=512, reg_vecs=1, vec_bytes=8, load="plain", store="cs"),
+    "narrow_x2_cluster16": dict(narrow=True, threads=512, cluster=16, cluster_sum="warps", reg_vecs=1,
+                                dw_acc="smem", prefetch=False, store="cs"),
     # tail=peel: the vector path with a peeled head and tail (N = 33, 3001, 4100, 1030, 66, 5001, 30001 of the
     # correctness shapes), with partials in registers, shared and global memory, beside a ring, across clusters, with
     # 8-byte vectors and batches, and small_m plans (direct only at M = 1, else grouped slots of several rows)
@@ -81,6 +86,7 @@ CORNERS = {
     "peel_cluster16": dict(tail="peel", threads=512, cluster=16, ctas_per_sm=1, reg_vecs=2, prefetch=False),
     "peel_direct": dict(tail="peel", small_m="direct"),
     "peel_grouped_narrow": dict(tail="peel", small_m="grouped", narrow=True, threads=128, ctas_per_sm=4, reg_vecs=1),
+    "peel_narrow": dict(tail="peel", narrow=True),
 }
 WIDE = [Case((32768, 1024), "bfloat16"), Case((16384, 131072), "float16"), Case((8192, 262144), "bfloat16")]
 TIMED = [Case((32768, 1024), "bfloat16"), Case((32768, 16384), "bfloat16"), Case((8192, 262144), "bfloat16"),
@@ -100,8 +106,9 @@ def genomes() -> dict[str, dict]:
         out[f"random{i}"] = g
     for name, g in out.items():
         assert p.space.why_infeasible(g) is None, (name, p.space.why_infeasible(g))
-    only = os.environ.get("KF_BWD_GENOMES")   # e.g. "peel": the default and the corners so named (a focused check)
-    return {n: g for n, g in out.items() if n == "default" or only in n} if only else out
+    # e.g. "peel,narrow": the default and the corners whose name holds one of those words (a focused check)
+    only = [w for w in os.environ.get("KF_BWD_GENOMES", "").split(",") if w]
+    return {n: g for n, g in out.items() if n == "default" or any(w in n for w in only)} if only else out
 
 
 def build_all(named: dict[str, dict], cache) -> dict[str, tuple[dict, dict]]:
