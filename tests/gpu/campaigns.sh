@@ -284,7 +284,8 @@ pe1)
   # a short call gates the peel corners only (KF_BWD_GENOMES: the default and the corners whose name holds it)
   focus=()
   if [ "${END:-585}" -lt 500 ]; then export KF_BWD_GENOMES=peel,narrow; focus=(-k every_genome); fi
-  gpu_tests $(( ${END:-585} / 2 )) tests/gpu/test_rmsnorm_bwd_gpu.py "${focus[@]}"
+  # TESTS_S: the tests' share of the call (default half of it)
+  gpu_tests "${TESTS_S:-$(( ${END:-585} / 2 ))}" tests/gpu/test_rmsnorm_bwd_gpu.py "${focus[@]}"
   twinned
   mkdir -p "$RES/twin" && cp /tmp/twin-bwd/rmsnorm_bwd.json "$RES/twin/" && pack > /dev/null
   peel_subject
