@@ -1,24 +1,20 @@
-// KDA forward (problems/kda_fwd.py), the recurrent form: the first kernel of issue 31, the one the chunked forms
-// must beat. One CTA per (slice of V columns, head, packed sequence) walks its sequence token by token; each V
-// column's state (K = 128 rows, fp32) lives in the registers of K_LANES threads, ROWS rows each. Per token the CTA
-// stages q, k and the decay factors exp(g) in shared memory (double-buffered by token parity), one warp takes q's
-// and k's norms, and every column then decays, reads k's value, writes the delta and reads q's output:
+// KDA forward (problems/kda_fwd.py). The gene `form` picks one of two kernels, both one CTA per (slice of V
+// columns, head, packed sequence):
 //   S <- diag(exp(g_t)) S;  u = beta_t (v_t - k_t^T S);  S <- S + k_t u;  o_t = scale q_t^T S
 // with q and k L2-normalized, beta = sigmoid(beta_raw) and g = LOWER * sigmoid(exp(A_log) (g_raw + dt_bias)).
+// The recurrent form (below), the first kernel of issue 31 and the one the chunked form must beat, walks its
+// sequence token by token; each V column's state (K = 128 rows, fp32) lives in the registers of K_LANES threads,
+// ROWS rows each. Per token the CTA stages q, k and the decay factors exp(g) in shared memory (double-buffered by
+// token parity), one warp takes q's and k's norms, and every column then decays, reads k's value, writes the delta
+// and reads q's output. The chunked form is in kda_chunked.cuh.
 #include <cuda_bf16.h>
 
 #include "kda_fwd_genes.cuh"
 
 #define HEAD_K 128
 #define HEAD_V 128
-#define THREADS (V_BLOCK * K_LANES)
-#define ROWS (HEAD_K / K_LANES)
 #define GATE_LOWER (-5.0f)
 #define NORM_EPS 1e-6f
-
-static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 1024 threads");
-static_assert(32 % K_LANES == 0 && HEAD_K % K_LANES == 0, "a column's lanes share a warp and split K evenly");
-static_assert(HEAD_V % V_BLOCK == 0, "V splits into whole slices");
 
 __device__ __forceinline__ float kda_exp(float x) {
 #if EXP == EXP_APPROX
@@ -41,6 +37,18 @@ __device__ __forceinline__ float kda_load(const __nv_bfloat16* p) {
     return __bfloat162float(*p);
 #endif
 }
+
+__device__ __forceinline__ float kda_gate(float g_raw, float dt_bias, float rate) {   // the safe gate, <= 0
+    return GATE_LOWER * kda_sigmoid(rate * (g_raw + dt_bias));
+}
+
+#if FORM == FORM_RECURRENT
+#define THREADS (V_BLOCK * K_LANES)
+#define ROWS (HEAD_K / K_LANES)
+
+static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 1024 threads");
+static_assert(32 % K_LANES == 0 && HEAD_K % K_LANES == 0, "a column's lanes share a warp and split K evenly");
+static_assert(HEAD_V % V_BLOCK == 0, "V splits into whole slices");
 
 __device__ __forceinline__ float lanes_sum(float x) {   // over the K_LANES threads of one column
 #pragma unroll
@@ -72,9 +80,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) kda_fwd(
         for (int j = threadIdx.x; j < HEAD_K; j += THREADS) {
             sq[buf][j] = kda_load(q + row + j);
             sk[buf][j] = kda_load(k + row + j);
-            const float x = kda_load(g_raw + row + j) + dt_bias[head * HEAD_K + j];
-            const float gate = GATE_LOWER * kda_sigmoid(rate * x);
-            sdecay[buf][j] = kda_exp(gate);
+            sdecay[buf][j] = kda_exp(kda_gate(kda_load(g_raw + row + j), dt_bias[head * HEAD_K + j], rate));
         }
         if (threadIdx.x == 0) sbeta[buf] = kda_sigmoid(kda_load(beta_raw + (size_t)t * heads + head));
         __syncthreads();
@@ -117,3 +123,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) kda_fwd(
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) final_state[state + (size_t)(lane + K_LANES * i) * HEAD_V + col] = s[i];
 }
+#else
+#include "kda_chunked.cuh"
+#endif

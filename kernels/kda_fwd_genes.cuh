@@ -33,3 +33,19 @@
 #ifndef LOAD
 #define LOAD LOAD_NC
 #endif
+// form (structure)
+#define FORM_RECURRENT 0
+#define FORM_CHUNKED 1
+#ifndef FORM
+#define FORM FORM_RECURRENT
+#endif
+// chunk (structure): 16 | 32 | 64
+#ifndef CHUNK
+#define CHUNK 64
+#endif
+// solve (structure)
+#define SOLVE_SUBSTITUTION 0
+#define SOLVE_NEUMANN 1
+#ifndef SOLVE
+#define SOLVE SOLVE_SUBSTITUTION
+#endif

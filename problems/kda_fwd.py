@@ -3,8 +3,9 @@ inputs' statistics are in kda_reference.py; the kernel template is kernels/kda_f
 
 A shape is (heads, then each packed sequence's length): batch 1, sequences packed along the token axis and
 delimited by `cu_seqlens` (RaggedShapes). K = V = 128, bf16 inputs, an fp32 initial state per sequence; the outputs
-are o [T, H, V] (bf16) and the final state [N, H, K, V] (fp32). The first template is the recurrent form, token by
-token; the chunked forms (tensor-core products inside a chunk) are the next stage.
+are o [T, H, V] (bf16) and the final state [N, H, K, V] (fp32). The template has two forms, chosen by the gene `form`:
+the recurrent one, token by token, and the chunked one (kernels/kda_chunked.cuh), a triangular solve per chunk of
+tokens, compiled and checked on the CPU but not yet run on a GPU (so `form` stays "recurrent" by default).
 """
 from __future__ import annotations
 
@@ -18,13 +19,50 @@ from . import kda_reference as kda
 
 HEAD = 128   # K and V
 
-SPACE = GeneSpace(genes=(
+CHUNK_V = 64         # the chunked form's V slice: columns per CTA
+CHUNK_THREADS = 256  # the chunked form's CTA: 4 threads per V column of the slice
+K_PAD = HEAD + 1     # the chunked form's shared rows of K floats, padded so that rows start in different banks
+RECURRENT_ONLY = ("v_block", "k_lanes")
+CHUNKED_ONLY = ("chunk", "solve")
+
+GENES = (
     Gene("v_block", (32, 64, 128), 64, doc="V columns per CTA (the grid has 128 / v_block slices per head)"),
     Gene("k_lanes", (1, 2, 4, 8), 4, doc="threads per V column, each holding 128 / k_lanes state rows in registers"),
     Gene("exp", ("approx", "precise"), "approx", kind="ptx",
          doc="ex2.approx.ftz.f32 of x * log2(e) | expf, for the decay and the sigmoids"),
     Gene("load", ("plain", "nc"), "nc", kind="ptx", doc="ld.global | ld.global.nc for the bf16 inputs"),
-))
+    Gene("form", ("recurrent", "chunked"), "recurrent",
+         doc="token by token | by chunks of tokens, a unit lower-triangular solve per chunk (CPU-checked only)"),
+    Gene("chunk", (16, 32, 64), 64, doc="chunked form: tokens per chunk"),
+    Gene("solve", ("substitution", "neumann"), "substitution",
+         doc="chunked form: forward substitution row by row | the product (I - N)(I + N^2)(I + N^4)... of "
+             "the strictly lower N's powers, exact since N^chunk = 0"),
+)
+DEFAULTS = {g.name: g.default for g in GENES}
+
+
+def _rule(g: Mapping[str, GeneValue]) -> str | None:
+    """Each form reads only its own genes: the other form's stay at their defaults, so that they do not multiply
+    the space with genomes that compile alike."""
+    idle = CHUNKED_ONLY if g["form"] == "recurrent" else RECURRENT_ONLY
+    for name in idle:
+        if g[name] != DEFAULTS[name]:
+            return f"{name}={g[name]!r} means nothing to form={g['form']}: keep it at its default {DEFAULTS[name]!r}"
+    return None
+
+
+SPACE = GeneSpace(genes=GENES, rule=_rule)
+
+
+def chunked_smem(g: Mapping[str, GeneValue]) -> int:
+    """Bytes of dynamic shared memory the chunked kernel lays out (kda_chunked.cuh's CK_FLOATS; the kernel traps
+    when given less): q, k and the cumulative gate as chunk x K_PAD floats; the solve's N, the output's B and, for
+    the product form, N's powers as chunk x (chunk + 1); the updates chunk x CHUNK_V; the last cumulative gate per
+    channel; beta and the two norms per token."""
+    c = int(g["chunk"])
+    square = c * (c + 1) * (3 if g["solve"] == "neumann" else 2)
+    return 4 * (3 * c * K_PAD + square + c * CHUNK_V + HEAD + 3 * c)
+
 
 # FlashKDA's benchmark (T = 8192 packed: one sequence, six mixed lengths, eight of 1024; H 96 and 64) and FLA's
 # B4_T4096_H64; held out: other lengths and head counts, never searched.
@@ -86,12 +124,18 @@ class KdaForward:
 
     def recipe(self, genes: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
         """One CTA per (V slice, head, sequence), the sizes read off the tensors (heads from q, sequences from
-        cu_seqlens); the op section: the raw inputs in, o like v and the final state like the initial state out."""
-        block = int(genes["v_block"])
+        cu_seqlens); the op section: the raw inputs in, o like v and the final state like the initial state out.
+        The recurrent form's slice is v_block columns of k_lanes threads each, in static shared memory; the
+        chunked form's is CHUNK_V columns of CHUNK_THREADS threads, its chunk's matrices in dynamic shared memory."""
+        if genes["form"] == "chunked":
+            block, threads, smem = CHUNK_V, CHUNK_THREADS, {"smem": chunked_smem(genes)}
+        else:
+            block, smem = int(genes["v_block"]), {}
+            threads = block * int(genes["k_lanes"])
         return {"let": [["heads", ["size", "q", 1]], ["sequences", ["sub", ["size", "cu_seqlens", 0], 1]]],
                 "steps": [{"kernel": self.kernel_name,
                            "grid": {"x": HEAD // block, "y": "heads", "z": "sequences"},
-                           "block": {"x": block * int(genes["k_lanes"])},
+                           "block": {"x": threads}, **smem,
                            "args": [*(["ptr", name] for name in (*INPUTS, "o", "final_state")),
                                     ["i32", "heads"], ["f32", HEAD ** -0.5]]}],
                 "op": {"inputs": list(INPUTS),
@@ -103,7 +147,18 @@ class KdaForward:
         return launch_from_recipe(self.recipe(genes, case.dtype), case, {**inputs, **outputs})
 
     def expected_sass(self, genes: Mapping[str, GeneValue], dtype: str) -> list[tuple[str, bool, str]]:
-        return [("LDG.E.U16.CONSTANT", True, "load=nc is ld.global.nc")] if genes["load"] == "nc" else []
+        """What each PTX choice leaves in the binary (opcode regex, present?, why); the GPU evaluator flags a
+        candidate whose SASS contradicts its genes, and tests/test_kda_chunked.py checks the same on the CPU. The
+        recurrent form's loads take the read-only path under either choice and its expf of A_log leaves expf's
+        opcodes under either exp, so only load=nc is checked there; the chunked form writes ld.global out and takes
+        A_log's exponential by the gene, so each choice of both genes shows."""
+        nc = genes["load"] == "nc"
+        if genes["form"] == "recurrent":
+            return [("LDG.E.U16.CONSTANT", True, "load=nc is ld.global.nc")] if nc else []
+        return [(r"LDG\.E\.U16\.CONSTANT", nc, "load=nc reads the bf16 inputs by ld.global.nc"),
+                (r"LDG\.E\.U16$", not nc, "load=plain reads the bf16 inputs by a plain ld.global"),
+                (r"FFMA\.SAT", genes["exp"] == "precise", "exp=precise is expf, whose range reduction saturates; "
+                                                           "exp=approx is ex2.approx.ftz alone")]
 
     def baseline(self, name: str, case: Case, inputs: Mapping[str, Any]) -> Callable[[], Mapping[str, Any]]:
         if name == "torch_eager":   # the chunked form in torch, fp32 (chunks of 64 tokens)

@@ -108,7 +108,7 @@ def test_the_kda_launch_covers_every_sequence_head_and_column():
     inputs, outputs = problem.make_inputs(case, 0, "cpu"), problem.make_outputs(case, "cpu")
     assert inputs["cu_seqlens"].tolist() == [0, 70, 71, 88] and outputs["o"].shape == (88, 3, 128)
     assert outputs["final_state"].shape == (3, 3, 128, 128)
-    (plan,) = problem.launch({"v_block": 32, "k_lanes": 8, "exp": "approx", "load": "nc"}, case, inputs, outputs)
+    (plan,) = problem.launch({**problem.space.defaults(), "v_block": 32, "k_lanes": 8}, case, inputs, outputs)
     assert plan.grid == (4, 3, 3) and plan.block == (256, 1, 1)
     assert plan.args[:9] == tuple(inputs[n] for n in ("q", "k", "v", "g_raw", "beta_raw", "A_log", "dt_bias",
                                                       "cu_seqlens", "initial_state"))

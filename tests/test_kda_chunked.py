@@ -1,0 +1,155 @@
+"""The KDA forward's chunked form (kernels/kda_chunked.cuh) on the CPU, before any GPU has run it: the gene space
+keeps each form to its own genes and leaves the 48 recurrent genomes' launches as they were gated on the H200; the
+kernel's algebra, step by step as the kernel takes it (partial chunks padded with zero tokens, both solves), equals
+the recurrence; every chunked genome compiles for sm_90a without spills, and its SASS holds what its PTX genes
+choose."""
+from __future__ import annotations
+
+import itertools
+import re
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+import torch
+
+from kernel_factory.evo.evaluate import render, sass
+from kernel_factory.evo.evaluate.compile import CompileJob, compile_one
+from kernel_factory.evo.types import Candidate, Case, Genome
+from kernel_factory.problems import kda_reference as kda
+from kernel_factory.problems.kda_fwd import CHUNK_THREADS, CHUNK_V, HEAD, chunked_smem, problem
+
+MAX_DYNAMIC_SMEM = 227 * 1024   # sm_90's opt-in limit per CTA
+
+
+def _genomes(form):
+    return [g for g in problem.space.enumerate() if g["form"] == form]
+
+
+def test_each_form_reads_only_its_own_genes():
+    recurrent, chunked = _genomes("recurrent"), _genomes("chunked")
+    assert len(recurrent) == 48 and len(chunked) == 3 * 2 * 2 * 2 and problem.space.defaults()["form"] == "recurrent"
+    assert {(g["chunk"], g["solve"]) for g in recurrent} == {(64, "substitution")}
+    assert {(g["v_block"], g["k_lanes"]) for g in chunked} == {(64, 4)}
+    pinned = {g: problem.space.defaults()[g] for g in ("form", "chunk", "solve")}
+    assert [dict(zip(("v_block", "k_lanes", "exp", "load"), c)) | pinned for c in itertools.product(
+        (32, 64, 128), (1, 2, 4, 8), ("approx", "precise"), ("plain", "nc"))] == recurrent
+    assert problem.space.why_infeasible({**problem.space.defaults(), "chunk": 16}) == \
+        "chunk=16 means nothing to form=recurrent: keep it at its default 64"
+    assert problem.space.why_infeasible({**problem.space.defaults(), "form": "chunked", "k_lanes": 8}) == \
+        "k_lanes=8 means nothing to form=chunked: keep it at its default 4"
+
+
+def test_the_recurrent_launches_are_the_ones_gated_on_the_h200():
+    """The recipe the recurrent genomes had before the chunked form (written out here): a grid of 128 / v_block
+    slices, v_block * k_lanes threads, no dynamic shared memory."""
+    for g in _genomes("recurrent"):
+        (step,) = problem.recipe(g, "bfloat16")["steps"]
+        assert step == {"kernel": "kda_fwd", "grid": {"x": HEAD // g["v_block"], "y": "heads", "z": "sequences"},
+                        "block": {"x": g["v_block"] * g["k_lanes"]},
+                        "args": [["ptr", n] for n in ("q", "k", "v", "g_raw", "beta_raw", "A_log", "dt_bias",
+                                                      "cu_seqlens", "initial_state", "o", "final_state")]
+                        + [["i32", "heads"], ["f32", HEAD ** -0.5]]}
+
+
+def test_the_chunked_launch_gives_its_shared_memory():
+    case = Case((3, 70, 1, 17), "bfloat16")
+    inputs, outputs = problem.make_inputs(case, 0, "cpu"), problem.make_outputs(case, "cpu")
+    sizes = {}
+    for g in _genomes("chunked"):
+        (plan,) = problem.launch(g, case, inputs, outputs)
+        assert plan.grid == (HEAD // CHUNK_V, 3, 3) and plan.block == (CHUNK_THREADS, 1, 1)
+        assert plan.shared_bytes == chunked_smem(g) <= MAX_DYNAMIC_SMEM
+        sizes[g["chunk"], g["solve"]] = plan.shared_bytes
+    # q, k and the gate (chunk x 129 floats) dominate; the product form adds N's powers (chunk x (chunk + 1))
+    assert sizes[64, "neumann"] == 4 * (3 * 64 * 129 + 3 * 64 * 65 + 64 * 64 + 128 + 3 * 64) == 166656
+    assert sizes[16, "neumann"] - sizes[16, "substitution"] == 4 * 16 * 17
+
+
+def _solve(n_mat, rhs, chunk, solve):
+    """(I + N) U = rhs as the kernel solves it: row by row, or by the product (I - N)(I + N^2)(I + N^4)..."""
+    if solve == "substitution":
+        u = rhs.clone()
+        for t in range(1, chunk):
+            u[:, t] -= torch.einsum("hr,hrv->hv", n_mat[:, t, :t], u[:, :t])
+        return u
+    u = rhs - n_mat @ rhs
+    power, p = 2, n_mat @ n_mat
+    while power < chunk:
+        u = u + p @ u
+        if 2 * power < chunk:
+            p = p @ p
+        power *= 2
+    return u
+
+
+def _pad(x, chunk):
+    return torch.cat([x, x.new_zeros(chunk - x.shape[0], *x.shape[1:])]) if x.shape[0] < chunk else x
+
+
+def _kernel_steps(p, cu, state, chunk, solve):
+    """The chunked kernel's algebra in its own order: every chunk `chunk` tokens long, a partial one padded with zero
+    tokens (zero gate, zero beta); gc_n is the padded chunk's last cumulative gate."""
+    o = torch.empty_like(p["v"])
+    states = state.clone()
+    scale = p["q"].shape[-1] ** -0.5
+    for i, (start, end) in enumerate(zip(cu, cu[1:])):
+        s = states[i]
+        for c0 in range(start, end, chunk):
+            n = min(chunk, end - c0)
+            q, k, v, g, beta = (_pad(p[x][c0:c0 + n], chunk).transpose(0, 1) for x in ("q", "k", "v", "g", "beta"))
+            gc = g.cumsum(1)
+            upto = torch.ones(chunk, chunk, dtype=torch.bool).tril()
+            decay = torch.exp((gc[:, :, None] - gc[:, None]).masked_fill(~upto[None, :, :, None], 0.0))
+            n_mat = beta[..., None] * torch.einsum("htk,hrk,htrk->htr", k, k, decay) * upto.tril(-1)
+            b_mat = torch.einsum("htk,hrk,htrk->htr", q, k, decay) * upto
+            rhs = beta[..., None] * (v - (torch.exp(gc) * k) @ s)
+            u = _solve(n_mat, rhs, chunk, solve)
+            o[c0:c0 + n] = (scale * ((torch.exp(gc) * q) @ s + b_mat @ u)).transpose(0, 1)[:n]
+            last = gc[:, -1]
+            s = torch.exp(last)[..., None] * s + (torch.exp(last[:, None] - gc) * k).transpose(1, 2) @ u
+        states[i] = s
+    return o, states
+
+
+@pytest.mark.parametrize("chunk, solve", list(itertools.product((16, 32, 64), ("substitution", "neumann"))))
+def test_the_kernels_steps_are_the_recurrence(chunk, solve):
+    """In float64, so that the algebra is what is checked: padded partial chunks and the product form are exact."""
+    lengths = [5, 37, 64, 1, 130]
+    raw = kda.make_inputs(lengths, 2, seed=chunk, head_k=16, head_v=24, dtype=torch.float64)
+    p = kda.prepare(raw, torch.float64)
+    cu, state = raw["cu_seqlens"].tolist(), raw["initial_state"].double()
+    want = kda.recurrent(p["q"], p["k"], p["v"], p["g"], p["beta"], cu, initial_state=state)
+    got = _kernel_steps(p, cu, state, chunk, solve)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("solve", ["substitution", "neumann"])
+def test_the_kernels_steps_hold_the_tolerance_in_fp32_at_head_size_128(solve):
+    """fp32 throughout, chunks of 64 (N's highest powers): within a tenth of the problem's tolerance of the float64
+    recurrence, so that the gate's margin is left to bf16 inputs and the GPU's sums."""
+    raw = kda.make_inputs([200, 77], 2, seed=3)
+    cu = raw["cu_seqlens"].tolist()
+    exact = kda.recurrent(*(kda.prepare(raw, torch.float64)[n] for n in ("q", "k", "v", "g", "beta")), cu,
+                          initial_state=raw["initial_state"].double())
+    got = _kernel_steps(kda.prepare(raw), cu, raw["initial_state"], 64, solve)
+    atol, rtol = problem.tolerance("bfloat16")
+    for a, b in zip(got, exact):
+        torch.testing.assert_close(a.double(), b, atol=atol / 10, rtol=rtol / 10)
+
+
+def _compiled(genes):
+    out = compile_one(CompileJob("k", render.render(problem, Candidate(Genome.of(genes)), "bfloat16"), "k.cu"))
+    assert out.error is None, out.error[-3000:]
+    return out.info, sass.opcodes(sass.disassemble(out.cubin))
+
+
+def test_every_chunked_genome_compiles_without_spills_and_its_sass_follows_its_genes():
+    genomes = _genomes("chunked")
+    with ProcessPoolExecutor(2) as pool:
+        built = list(pool.map(_compiled, genomes))
+    for g, (info, ops) in zip(genomes, built):
+        assert info.spill_stores == info.spill_loads == info.local_bytes == 0, (g, info.log)
+        for pattern, present, why in problem.expected_sass(g, "bfloat16"):
+            assert any(re.match(pattern, op) for op in ops) == present, (g, pattern, why)
+        assert not any(op.startswith("HMMA") for op in ops), g   # CUDA-core FMAs only, so far
