@@ -36,8 +36,12 @@ GENES = (
     Gene("chunk", (16, 32, 64), 64, doc="chunked form: tokens per chunk"),
     Gene("solve", ("substitution", "neumann"), "substitution",
          doc="chunked form: forward substitution row by row | the product (I - N)(I + N^2)(I + N^4)... of "
-             "the strictly lower N's powers, exact since N^chunk = 0"),
+             "the strictly lower N's powers, exact since N^chunk = 0 (chunks of NEUMANN_CHUNK only)"),
 )
+# The product form's powers N^(2^j) grow like binomials where N's entries near 1 (alike keys, beta near 1, little
+# decay): past chunks of 16 their fp32 sums cancel catastrophically (tests/test_kda_chunked.py), while random inputs,
+# which the gate draws, hide it. Substitution stays exact there.
+NEUMANN_CHUNK = 16
 DEFAULTS = {g.name: g.default for g in GENES}
 
 
@@ -48,6 +52,9 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
     for name in idle:
         if g[name] != DEFAULTS[name]:
             return f"{name}={g[name]!r} means nothing to form={g['form']}: keep it at its default {DEFAULTS[name]!r}"
+    if g["form"] == "chunked" and g["solve"] == "neumann" and g["chunk"] != NEUMANN_CHUNK:
+        return (f"solve=neumann loses fp32 to its powers of N at chunk={g['chunk']} where keys are alike: "
+                f"needs chunk={NEUMANN_CHUNK}, or solve=substitution")
     return None
 
 

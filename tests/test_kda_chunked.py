@@ -27,7 +27,8 @@ def _genomes(form):
 
 def test_each_form_reads_only_its_own_genes():
     recurrent, chunked = _genomes("recurrent"), _genomes("chunked")
-    assert len(recurrent) == 48 and len(chunked) == 3 * 2 * 2 * 2 and problem.space.defaults()["form"] == "recurrent"
+    # chunks of 16, 32 and 64 by substitution, of 16 by the product form; each under both exp and both load
+    assert len(recurrent) == 48 and len(chunked) == 4 * 2 * 2 and problem.space.defaults()["form"] == "recurrent"
     assert {(g["chunk"], g["solve"]) for g in recurrent} == {(64, "substitution")}
     assert {(g["v_block"], g["k_lanes"]) for g in chunked} == {(64, 4)}
     pinned = {g: problem.space.defaults()[g] for g in ("form", "chunk", "solve")}
@@ -37,6 +38,9 @@ def test_each_form_reads_only_its_own_genes():
         "chunk=16 means nothing to form=recurrent: keep it at its default 64"
     assert problem.space.why_infeasible({**problem.space.defaults(), "form": "chunked", "k_lanes": 8}) == \
         "k_lanes=8 means nothing to form=chunked: keep it at its default 4"
+    assert problem.space.why_infeasible({**problem.space.defaults(), "form": "chunked", "solve": "neumann"}) == \
+        "solve=neumann loses fp32 to its powers of N at chunk=64 where keys are alike: needs chunk=16, or " \
+        "solve=substitution"
 
 
 def test_the_recurrent_launches_are_the_ones_gated_on_the_h200():
@@ -61,8 +65,9 @@ def test_the_chunked_launch_gives_its_shared_memory():
         assert plan.shared_bytes == chunked_smem(g) <= MAX_DYNAMIC_SMEM
         sizes[g["chunk"], g["solve"]] = plan.shared_bytes
     # q, k and the gate (chunk x 129 floats) dominate; the product form adds N's powers (chunk x (chunk + 1))
-    assert sizes[64, "neumann"] == 4 * (3 * 64 * 129 + 3 * 64 * 65 + 64 * 64 + 128 + 3 * 64) == 166656
+    assert sizes[64, "substitution"] == 4 * (3 * 64 * 129 + 2 * 64 * 65 + 64 * 64 + 128 + 3 * 64) == 150016
     assert sizes[16, "neumann"] - sizes[16, "substitution"] == 4 * 16 * 17
+    assert sizes[16, "substitution"] < 48 * 1024 < sizes[32, "substitution"]   # the others need the opt-in
 
 
 def _solve(n_mat, rhs, chunk, solve):
@@ -136,6 +141,29 @@ def test_the_kernels_steps_hold_the_tolerance_in_fp32_at_head_size_128(solve):
     atol, rtol = problem.tolerance("bfloat16")
     for a, b in zip(got, exact):
         torch.testing.assert_close(a.double(), b, atol=atol / 10, rtol=rtol / 10)
+
+
+def alike_keys(raw, share):
+    """FlashKDA-shaped raw inputs made hard for a chunk's solve: every key `share` of one key, beta near 1 and
+    almost no decay, so that N's entries near 1 and its powers grow like binomials."""
+    raw = dict(raw)
+    raw["k"] = (share * raw["k"][:1].float() + (1 - share) * raw["k"].float()).to(raw["k"].dtype)
+    raw["dt_bias"] = raw["dt_bias"] - 30.0
+    raw["beta_raw"] = torch.full_like(raw["beta_raw"], 6.0)
+    return raw
+
+
+@pytest.mark.parametrize("chunk, solve, share, atol", [(64, "substitution", 1.0, 1e-6), (16, "neumann", 1.0, 1e-4),
+                                                       (32, "neumann", 0.9, None), (64, "neumann", 0.5, None)])
+def test_the_product_form_loses_fp32_past_chunks_of_16_where_keys_are_alike(chunk, solve, share, atol):
+    """Why the space's rule keeps solve=neumann to chunks of 16: fp32 throughout, against the float64 recurrence."""
+    raw = alike_keys(kda.make_inputs([128], 1, seed=1), share)
+    cu = raw["cu_seqlens"].tolist()
+    exact = kda.recurrent(*(kda.prepare(raw, torch.float64)[n] for n in ("q", "k", "v", "g", "beta")), cu,
+                          initial_state=raw["initial_state"].double())
+    err = (_kernel_steps(kda.prepare(raw), cu, raw["initial_state"], chunk, solve)[0].double() - exact[0]).abs().max()
+    assert exact[0].abs().max() > 0.05
+    assert err < atol if atol else err > 1.0, float(err)
 
 
 def _compiled(genes):
