@@ -247,6 +247,8 @@ __device__ __forceinline__ void ck_square(float* dst, const float* src) {
 
 // (I + N)^-1 = (I - N)(I + N^2)(I + N^4)...(I + N^(CHUNK/2)), exact since N^CHUNK = 0; the factors commute, so
 // they apply to the right-hand side in any order. The partial chunk's N is zero past n and needs the same factors.
+// The powers grow like binomials where N's entries near 1, so the space allows this only at chunks of 16
+// (problems/kda_fwd.py NEUMANN_CHUNK); the code itself compiles at any chunk.
 __device__ __forceinline__ void ck_solve(const CkShared& sm, int) {
     ck_apply(sm.n, sm.u, -1.0f);
     ck_square(sm.p, sm.n);

@@ -47,7 +47,7 @@ DEFAULTS = {g.name: g.default for g in GENES}
 
 def _rule(g: Mapping[str, GeneValue]) -> str | None:
     """Each form reads only its own genes: the other form's stay at their defaults, so that they do not multiply
-    the space with genomes that compile alike."""
+    the space with genomes that compile alike. The product form is kept to the chunks where fp32 holds it."""
     idle = CHUNKED_ONLY if g["form"] == "recurrent" else RECURRENT_ONLY
     for name in idle:
         if g[name] != DEFAULTS[name]:
