@@ -17,7 +17,7 @@ from .evaluate import render
 from .config import SearchConfig
 from .history import History
 from .protocols import ContextOperator, MaybeUnavailable, Operator, OperatorContext, Problem, RepairOperator
-from .surrogate import Surrogate, screen
+from .surrogate import Surrogate, screen, upper_confidence
 from .types import Candidate, EvalResult, GeneSpace, Genome, Status
 
 MAX_TRIES = 100  # attempts to breed one feasible, unseen, accepted child before giving up on that slot
@@ -112,7 +112,7 @@ class Proposer:
         self.bandit = credit.Bandit([op.name for op in self.operators])
         self.probabilities = dict(self.static)
         self.lessons: list[lessons.Lesson] = []
-        self.surrogate = Surrogate(space)
+        self.surrogate = Surrogate(space, search.surrogate.members)
         self.surrogate_ready = False
         self.contextual = [op for op in self.operators + self.repairers if isinstance(op, ContextOperator)]
         self.results: dict[str, tuple[Candidate, EvalResult]] = {}
@@ -160,7 +160,7 @@ class Proposer:
         children = breed(parents, wanted, ops, probs, self.space, rng, seen | {c.id for c in made}, generation,
                          self.accept, self.refused)
         if wanted > rest:
-            children = screen(children, rest, self.surrogate, s.explore, rng)
+            children = screen(children, rest, upper_confidence(self.surrogate, s.kappa), s.explore, rng)
         return made + children
 
     def _available(self) -> list[Operator]:

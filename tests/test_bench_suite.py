@@ -157,3 +157,21 @@ def test_from_refuses_what_is_not_a_bench(tmp_path, capsys):
     (tmp_path / "x.json").write_text(json.dumps({"rows": []}))
     assert cli.main(["bench", "--from", str(tmp_path / "x.json")]) == cli.EXIT_BAD_INPUT
     assert "is not a bench or suite result" in capsys.readouterr().err
+
+
+def test_the_fingerprint_names_the_tables_the_op_loads(tmp_path, monkeypatch):
+    """A bench's fingerprint says which dispatch table each exported op loads (path and content hash), so that a table
+    copied somewhere the op does not look shows up as the shipped one; a changed table changes its hash."""
+    import hashlib
+    from kernel_factory.kernels import runtime
+    ops = tmp_path / "ops"
+    ops.mkdir()
+    for name in ("rmsnorm_fwd", "rmsnorm_bwd"):
+        (ops / f"{name}.json").write_bytes(Path(FWD if name == "rmsnorm_fwd" else BWD).read_bytes())
+    monkeypatch.setattr(runtime, "OPS_DIR", ops)
+    found = bench.op_tables()
+    assert set(found) == {"op.rmsnorm_fwd", "op.rmsnorm_bwd"}
+    want = hashlib.sha256(Path(BWD).read_bytes()).hexdigest()[:16]
+    assert found["op.rmsnorm_bwd"] == f"{ops / 'rmsnorm_bwd.json'} sha256 {want}"
+    (ops / "rmsnorm_bwd.json").write_text("{}")
+    assert bench.op_tables()["op.rmsnorm_bwd"].split()[-1] != want

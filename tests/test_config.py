@@ -7,7 +7,7 @@ from kernel_factory.evo.config import ConfigError
 
 def test_defaults_fill_in():
     cfg = config.parse({"problem": "rmsnorm_fwd"})
-    assert cfg.search.population == 12 and cfg.evaluator.kind == "auto" and not cfg.search.surrogate.enabled
+    assert cfg.search.population == 8 and cfg.evaluator.kind == "auto" and cfg.search.surrogate.enabled
     assert set(cfg.search.operators) == {"gene_mutation", "uniform_crossover", "ptx_mutation"}
 
 

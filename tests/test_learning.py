@@ -102,7 +102,7 @@ def test_surrogate_ranks_held_out_genomes(rmsnorm):
     assert np.corrcoef(rank(pred), rank(true))[0, 1] > 0.8, "the model must rank unseen genomes usefully"
     assert true[np.argsort(-pred)[:50]].mean() > true.mean() + 0.2
     cands = [Candidate(Genome.of(r.genes)) for r in test[:40]]
-    chosen = screen(cands, 10, model, explore=0.0, rng=random.Random(0))
+    chosen = screen(cands, 10, model.predict, explore=0.0, rng=random.Random(0))
     scores = dict(zip((c.id for c in cands), model.predict([c.genome.gene_dict for c in cands])))
     assert sorted(scores[c.id] for c in chosen) == sorted(scores.values())[-10:]
 

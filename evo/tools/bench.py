@@ -16,6 +16,7 @@ renders them; `--from` re-renders a recorded JSON on a machine without a GPU).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import traceback
@@ -303,8 +304,17 @@ def session(graph_below_us: float) -> tuple[measure.Timer, Any, float, dict[str,
     timer = measure.Timer(measure.TimingPolicy(warmup=3, graph_below_us=graph_below_us))
     before = measure.clocks()
     copy = measure.copy_bandwidth_gbps(timer)
-    fp = measure.fingerprint({"clocks_before": before, "copy_gbps": f"{copy:.0f}"})
+    fp = measure.fingerprint({"clocks_before": before, "copy_gbps": f"{copy:.0f}", **op_tables()})
     return timer, launcher.torch_stream(), copy, {"copy_gbps": copy, "fingerprint": fp}
+
+
+def op_tables() -> dict[str, str]:
+    """op.<problem>: the dispatch table the exported op loads in this process (its path and sha256), so that a bench
+    says which table its 'factory_op' rows ran: the installed package's, which a table copied into a checkout beside
+    it does not replace."""
+    from ...kernels.runtime import OPS_DIR
+    return {f"op.{path.stem}": f"{path} sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+            for path in sorted(OPS_DIR.glob("*.json"))}
 
 
 def make_subject(problem: Problem, spec: Mapping[str, str]) -> Subject:

@@ -153,17 +153,24 @@ twinned() {   # the op's backward table twinned, built into /tmp/twin-bwd: every
     --table /tmp/twin-bwd/rmsnorm_bwd.json; } > "$RES/twin.log" 2>&1
   echo "exit $?" >> "$RES/twin.log"; grep "^twins\|^exit" "$RES/twin.log"
 }
+ops_dirs() {   # the checkout's kernels/ops and the one the op loads (host_setup installs the package, not editable)
+  { realpath kernels/ops; python3 -c "from kernel_factory.kernels.runtime import OPS_DIR; print(OPS_DIR)"; } | sort -u
+}
+install_table() {   # FOLDER PROBLEM: FOLDER/PROBLEM.json and its kernels as the op's, in every ops folder
+  local dir
+  for dir in $(ops_dirs); do
+    cp "$1/$2.json" "$dir/" && cp "$1"/cubins/* "$dir/cubins/" && cp "$1"/sources/* "$dir/sources/" || return 1
+  done
+  echo "installed $1/$2.json as the op's ($(python3 -c "from kernel_factory.kernels.runtime import OPS_DIR; \
+print(OPS_DIR)"))"
+}
 install_twin() {   # the twinned table as the op's (each call's checkout restores the tracked one)
-  cp /tmp/twin-bwd/rmsnorm_bwd.json kernels/ops/ && cp /tmp/twin-bwd/cubins/* kernels/ops/cubins/ && \
-    cp /tmp/twin-bwd/sources/* kernels/ops/sources/ && echo "installed the twinned backward table"
+  install_table /tmp/twin-bwd rmsnorm_bwd
 }
 install_widened() {   # every table widened on this host so far, as the op's own (each call's checkout restores them)
   local part
   for part in fwd bwd; do
-    [ -f "/tmp/widened-$part/rmsnorm_$part.json" ] || continue
-    cp "/tmp/widened-$part/rmsnorm_$part.json" "kernels/ops/rmsnorm_$part.json"
-    cp "/tmp/widened-$part"/cubins/* kernels/ops/cubins/ && cp "/tmp/widened-$part"/sources/* kernels/ops/sources/
-    echo "installed the widened $part table"
+    [ -f "/tmp/widened-$part/rmsnorm_$part.json" ] && install_table "/tmp/widened-$part" "rmsnorm_$part"
   done
 }
 campaign() {   # CONFIG NAME SECONDS [overrides...]
@@ -402,8 +409,8 @@ sm3)
   tail -n 5 "$RES/graft.log"
   heldout "$GRAFT" $(( 490 - SECONDS ))
   # the grafted table as the op's own, then the op's GPU tests through it
-  cp "/tmp/runs/$GRAFT/kernels/dispatch.json" kernels/ops/rmsnorm_fwd.json
-  cp /tmp/runs/"$GRAFT"/kernels/cubins/* kernels/ops/cubins/ && cp /tmp/runs/"$GRAFT"/kernels/sources/* kernels/ops/sources/
+  cp "/tmp/runs/$GRAFT/kernels/dispatch.json" "/tmp/runs/$GRAFT/kernels/rmsnorm_fwd.json"
+  install_table "/tmp/runs/$GRAFT/kernels" rmsnorm_fwd
   gpu_tests $(( 585 - SECONDS )) tests/gpu/test_rmsnorm_op_gpu.py
   ;;
 wa1)
