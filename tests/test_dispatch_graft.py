@@ -235,3 +235,16 @@ def test_twin_swaps_every_feasible_genome_for_its_twin_and_keeps_the_rest(capsys
     assert "tail=always" in err and "'none', 'peel'" in err and "Traceback" not in err
     with pytest.raises(dispatch.TableError, match="is not a gene value of rmsnorm_bwd"):
         dispatch.twin(table, bwd, {"tails": "peel"})
+
+
+def test_twin_reads_gene_values_as_written_or_as_yaml():
+    """`--set narrow=true` means narrow=True, as `-o` reads a config value; an int gene takes its number and a bool
+    never stands for 1; a value that is none of the choices names the choices."""
+    from kernel_factory.problems.rmsnorm_bwd import problem as bwd
+    assert cli.gene_changes(bwd.space, ["narrow=true", "tail=peel", "threads=512"]) == \
+        {"narrow": True, "tail": "peel", "threads": 512}
+    assert cli.gene_changes(bwd.space, ["narrow=True"]) == {"narrow": True}
+    with pytest.raises(cli.ConfigError, match=r"'rows_per_cta' must be one of \['1', '2'"):
+        cli.gene_changes(bwd.space, ["rows_per_cta=true"])
+    with pytest.raises(cli.ConfigError, match="'narrows' must be a gene of threads"):
+        cli.gene_changes(bwd.space, ["narrows=true"])

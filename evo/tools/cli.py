@@ -11,9 +11,10 @@ import lzma
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from .. import config as config_mod
-from .. import registry
+from .. import registry, yamltext
 from ..config import ConfigError
 from .cli_args import parser
 from .exits import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_FAILED, interrupt_code, sigterm_as_interrupt
@@ -178,19 +179,30 @@ def cmd_widen(args: argparse.Namespace) -> int:
     return 0
 
 
+def gene_changes(space: Any, items: list[str]) -> dict[str, Any]:
+    """--set GENE=VALUE items as {gene: one of its choices}; VALUE as written (True, 16) or as a config's override
+    reads it (true). ConfigError names the item and what would be valid."""
+    changes = {}
+    for item in items:
+        name, _, text = item.partition("=")
+        gene = space[name] if name in space.names else None
+        try:
+            read = yamltext.loads(text)
+        except yamltext.YamlTextError:
+            read = text
+        value = next((c for c in gene.choices if str(c) == text or (type(c) is type(read) and c == read)),
+                     None) if gene else None
+        if value is None:
+            valid = f"one of {[str(c) for c in gene.choices]}" if gene else f"a gene of {', '.join(space.names)}"
+            raise ConfigError(f"--set {item!r}: {name!r} must be {valid}")
+        changes[name] = value
+    return changes
+
+
 def cmd_twin(args: argparse.Namespace) -> int:
     from . import dispatch, export
     problem = export.problem_plugin(args.problem)
-    changes = {}
-    for item in args.set:
-        name, _, text = item.partition("=")
-        gene = problem.space[name] if name in problem.space.names else None
-        value = next((c for c in gene.choices if str(c) == text), None) if gene else None
-        if value is None:
-            valid = (f"one of {[str(c) for c in gene.choices]}" if gene
-                     else f"a gene of {', '.join(problem.space.names)}")
-            raise ConfigError(f"--set {item!r}: {name!r} must be {valid}")
-        changes[name] = value
+    changes = gene_changes(problem.space, args.set)
     table_path = args.table or f"kernels/ops/{args.problem}.json"
     table = dispatch.load(table_path)
     renamed = dispatch.twin(table, problem, changes)
