@@ -160,7 +160,7 @@ def section_faults() -> list[str]:
 
 # The search-efficiency reports (efficiency/<stem>.json and the .md rendered from it), whose tables the page copies.
 EFFICIENCY = (("softmax forward", "search-efficiency-softmax-heldout"), ("RMSNorm forward", "search-efficiency"),
-              ("RMSNorm forward, the loop at population 24", "search-efficiency-population24"))
+              ("RMSNorm forward, the loop at population `24`", "search-efficiency-population24"))
 
 
 def section_efficiency() -> list[str]:
