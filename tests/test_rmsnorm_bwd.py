@@ -197,6 +197,18 @@ def test_plans_stay_within_grid_scratch_and_shared_memory(kw):
         assert (p.dw_grid - 1) * p.dw_qx * p.dw_width < n <= p.dw_grid * p.dw_qx * p.dw_width, label
 
 
+def test_peel_at_64_registers_takes_one_8_byte_register_vector_only():
+    """Under 128 registers a thread (more than 512 threads an SM) tail=peel's second vector path fits one 8-byte
+    register vector: the op's general genome in bf16 and fp32 has such a twin; one of 16 bytes, or two vectors,
+    spill (tests/test_rmsnorm_bwd_sass.py compiles sampled genomes and checks no feasible one spills)."""
+    general = genes(threads=512, reg_vecs=1, vec_bytes=8, load="plain", store="cs", tail="peel")
+    assert mod.register_limit(general) == 64 and P.space.why_infeasible(general) is None
+    for wider in (dict(vec_bytes=16), dict(reg_vecs=2)):
+        why = P.space.why_infeasible({**general, **wider})
+        assert why and "past one 8-byte register vector" in why and "reg_vecs=1 and vec_bytes=8" in why, why
+    assert P.space.why_infeasible({**general, "ctas_per_sm": 1, "vec_bytes": 16}) is None   # 128 registers
+
+
 def test_peeled_rows_of_a_slot_start_alike():
     """tail=peel, as the template runs it: slot s runs rows s, s + slots, ...; each must start the same hd elements
     before a vector boundary (the kernel traps otherwise), so that a thread's vectors are the same columns in each."""

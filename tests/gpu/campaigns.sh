@@ -145,8 +145,8 @@ widened() {   # PART PANELS REGION: the panels' winners added to the op's PART t
   install_widened
 }
 twinned() {   # the op's backward table twinned, built into /tmp/twin-bwd: every genome whose tail=peel twin is
-  # feasible swapped for it, then every genome for its narrow=True twin (those at 64 registers cannot peel: their
-  # even widths take 2-element vectors instead of one element at a time; a peeled genome's rows that cannot peel too)
+  # feasible swapped for it, then every genome for its narrow=True twin (those that cannot peel, e.g. one 16-byte
+  # register vector at 64 registers: their even widths take 2-element vectors instead of one element at a time)
   mkdir -p /tmp/twin-bwd
   [ -f /tmp/twin-bwd/rmsnorm_bwd.json ] || { kernel-factory twin --problem rmsnorm_bwd --set tail=peel \
     --out /tmp/twin-bwd/rmsnorm_bwd.json && kernel-factory twin --problem rmsnorm_bwd --set narrow=True \

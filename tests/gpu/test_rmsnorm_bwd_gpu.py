@@ -87,6 +87,8 @@ CORNERS = {
     "peel_direct": dict(tail="peel", small_m="direct"),
     "peel_grouped_narrow": dict(tail="peel", small_m="grouped", narrow=True, threads=128, ctas_per_sm=4, reg_vecs=1),
     "peel_narrow": dict(tail="peel", narrow=True),
+    # at 64 registers with one 8-byte register vector (the op's general genome's twin)
+    "peel_x2_vec8": dict(tail="peel", threads=512, reg_vecs=1, vec_bytes=8, load="plain", store="cs"),
 }
 WIDE = [Case((32768, 1024), "bfloat16"), Case((16384, 131072), "float16"), Case((8192, 262144), "bfloat16")]
 TIMED = [Case((32768, 1024), "bfloat16"), Case((32768, 16384), "bfloat16"), Case((8192, 262144), "bfloat16"),
