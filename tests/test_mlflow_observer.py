@@ -109,7 +109,7 @@ def test_run_parent_children_metrics_and_artifacts(tmp_path, rmsnorm):
         "kf.run_id": "run-t1", "kf.problem": "rmsnorm_fwd", "kf.evaluator": "gpu", "kf.env.gpu": "NVIDIA H200",
         "kf.stop_reason": "generations", "kf.best_candidate_id": c["x"].id}
     assert tags["kf.evaluator_label"] == "gpu evaluator for tests" and "kf.data" not in tags
-    assert parent.data.params["search.population"] == "12" and parent.data.params["seed"] == "0"
+    assert parent.data.params["search.population"] == "8" and parent.data.params["seed"] == "0"
     assert parent.data.params["search.operators.gene_mutation.weight"] == "0.5"
     assert parent.data.params["tracking.experiment"] == "null"
     assert [m.step for m in client.get_metric_history(pid, "best_fitness")] == [0, 1]
