@@ -84,6 +84,18 @@
 #       (compare with p3's lines, where the op was the untwinned table, on the same kind of card)
 #   pe4 (carry .int21): what pe3's bench left (--go-on)
 #   Each pe stage ends by END (seconds from its start; the call's limit less 15 s) where the budget is short.
+# 2026-12-07 (evening), the grids and the twin together, every table through a test of every kernel the op may run
+# (tests/gpu/test_op_table_gpu.py: tuning keeps the fastest without checking), back to back:
+#   r1 (carry .gpu-a .int21): QuACK's first bundle, INT21 built in the background; the backward table twinned on the
+#       host (tail=peel, then narrow=True); KDA's chunked genomes gated (their own share, KDA_S); the latency probe
+#       with the forward's grid, its winners added to the forward table for log2_n<=13 (as q1)
+#   r2 (carry .gpu-b): QuACK's second bundle; the twin installed; the backward's small-M grid, its winners added to
+#       the twinned table for log2_m<=10 (as q2); both tables installed and run through test_op_table_gpu.py, the
+#       op's and the tuning's GPU tests and FLA's KDA peer test; both tables and their kernels packed
+#   r3 (carry .gpu-c .int21): QuACK complete; h200-bwd-workload-2's held-out shapes against every peer, the shipped
+#       table's rule the subject and the op (twinned, widened, tuned) beside it; then, while the call lasts,
+#       h200-fwd-workload-5's held-out shapes of at most 8192 elements a row (the widened region) likewise
+#   Each r stage ends by END (seconds from its start) where the budget is short.
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -101,7 +113,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh r1|r2|r3|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -250,6 +262,19 @@ json.dump(w, open(sys.argv[2], "w"))
 print(f"peel-bwd: {len(w['heldout'])} held-out shapes")
 EOF
 }
+small_n() {   # PART: the shipped PART table on its campaign's held-out shapes of at most 8192 elements a row (the
+  # region the grids widen), in /tmp/runs/small-n-PART (call it after subject, before a widened table is installed)
+  [ -f "/tmp/runs/small-n-$1/kernels/dispatch.json" ] && return 0
+  mkdir -p "/tmp/runs/small-n-$1/kernels"
+  cp "/tmp/runs/shipped-$1/kernels/dispatch.json" "/tmp/runs/small-n-$1/kernels/"
+  python3 - "/tmp/runs/shipped-$1/workload.json" "/tmp/runs/small-n-$1/workload.json" <<'EOF'
+import json, sys
+w = json.load(open(sys.argv[1]))
+w["heldout"] = [c for c in w["heldout"] if int(c.split("x")[-1]) <= 8192]
+json.dump(w, open(sys.argv[2], "w"))
+print(f"{sys.argv[2]}: {len(w['heldout'])} held-out shapes")
+EOF
+}
 shipped() {   # PART CAMPAIGN SECONDS [--go-on]: the op's shipped table on that campaign's held-out shapes
   local part="$1" from="$2" secs="$3"; shift 3
   subject "$part" "$from"
@@ -285,6 +310,44 @@ q4)
   setup
   install_widened
   shipped bwd "$BWD" $(( 570 - SECONDS ))
+  ;;
+r1)
+  first_call   # QuACK completes in r3
+  twinned
+  mkdir -p "$RES/twin" && cp /tmp/twin-bwd/rmsnorm_bwd.json "$RES/twin/" && pack > /dev/null
+  gpu_tests "${KDA_S:-200}" tests/gpu/test_kda_fwd_gpu.py -k chunked
+  mv "$RES/gpu-tests.log" "$RES/gpu-tests-kda.log"
+  # the rest of the call less about 100 s for the widened table's build (every kernel of it, NVRTC on the host)
+  OUT="$RES" timeout $(( ${END:-585} - SECONDS - 100 )) python3 tests/gpu/latency_probe.py --grid \
+    --budget $(( ${END:-585} - SECONDS - 140 )) > "$RES/latency_probe.log" 2>&1
+  echo "exit $?" >> "$RES/latency_probe.log"; grep "^latency\|^exit" "$RES/latency_probe.log"; pack > /dev/null
+  widened fwd "$RES/latency-panels" 'log2_n<=13'
+  ;;
+r2)
+  export KF_PEERS=liger
+  setup .gpu-b
+  twinned
+  install_twin
+  OUT="$RES" timeout "${GRID_S:-200}" python3 tests/gpu/grid_study.py --problem rmsnorm_bwd --grid small-m \
+    --budget $(( ${GRID_S:-200} - 40 )) > "$RES/grid_study.log" 2>&1
+  echo "exit $?" >> "$RES/grid_study.log"; tail -n 4 "$RES/grid_study.log"
+  widened bwd "$RES/grid-rmsnorm_bwd-small-m" 'log2_m<=10'   # on the twin (installed): installs both widened
+  mkdir -p "$RES/tables" && cp kernels/ops/rmsnorm_fwd.json kernels/ops/rmsnorm_bwd.json "$RES/tables/" && \
+    tar czf "$RES/tables/kernels.tgz" -C kernels/ops cubins sources; pack > /dev/null
+  gpu_tests $(( ${END:-585} - SECONDS )) tests/gpu/test_op_table_gpu.py tests/gpu/test_rmsnorm_op_gpu.py \
+    tests/gpu/test_op_tune_gpu.py tests/gpu/test_kda_fwd_gpu.py -k "not every_genome and not chunked_reference"
+  ;;
+r3)
+  setup .gpu-c
+  twinned
+  subject bwd "$BWD"   # the shipped tables the subjects, before the twinned and widened ones are installed
+  subject fwd "$FWD"
+  small_n fwd
+  install_twin
+  install_widened
+  int21_wait 200 || exit 2
+  shipped bwd "$BWD" $(( ${END:-585} - SECONDS - 10 ))
+  [ $(( ${END:-585} - SECONDS )) -gt 60 ] && heldout small-n-fwd $(( ${END:-585} - SECONDS - 10 ))
   ;;
 pe1)
   first_call   # QuACK completes in pe3
