@@ -74,10 +74,11 @@ def candidate_id(candidate: str | Mapping[str, Any]) -> str:
 
 def in_region(region: Mapping[str, Any] | None, dtype: str, m: int, n: int) -> bool:
     """Whether a call of M rows of width n lies in a region {"feature": one of dispatch_rule.FEATURES, "le": value}
-    (None: everywhere)."""
+    or {"feature": ..., "ge": value} (None: everywhere)."""
     if region is None:
         return True
-    return dispatch_rule.features(m, n, ELEM_BYTES[dtype])[region["feature"]] <= region["le"]
+    value = dispatch_rule.features(m, n, ELEM_BYTES[dtype])[region["feature"]]
+    return value <= region["le"] if "le" in region else value >= region["ge"]
 
 
 def candidate_problems(candidate: Any, where: str) -> list[str]:
@@ -91,10 +92,12 @@ def candidate_problems(candidate: Any, where: str) -> list[str]:
 
 def region_problems(region: Any, where: str) -> list[str]:
     """What is wrong with a region, each problem naming `where`."""
-    if not isinstance(region, Mapping) or region.get("feature") not in dispatch_rule.FEATURES \
-            or not isinstance(region.get("le"), (int, float)) or isinstance(region.get("le"), bool):
-        return [f"{where}: a region is {{'feature': one of {', '.join(dispatch_rule.FEATURES)}, 'le': a number}}, "
-                f"got {region!r}"]
+    bounds = [k for k in ("le", "ge") if isinstance(region, Mapping) and k in region]
+    if not isinstance(region, Mapping) or region.get("feature") not in dispatch_rule.FEATURES or len(bounds) != 1 \
+            or set(region) != {"feature", *bounds} or not isinstance(region[bounds[0]], (int, float)) \
+            or isinstance(region[bounds[0]], bool):
+        return [f"{where}: a region is {{'feature': one of {', '.join(dispatch_rule.FEATURES)}, 'le' or 'ge': a "
+                f"number}}, got {region!r}"]
     return []
 
 

@@ -206,7 +206,8 @@ def test_the_studys_grids_are_feasible_and_their_shapes_held_out_of_every_campai
         cases = study.shapes(plugin, grid, 6)
         assert len(cases) == 6 * len(plugin.dtypes) and not {c.key for c in cases} & campaigns
         assert all(region.get("m", (1, 1 << 30))[0] <= c.shape[0] <= region.get("m", (1, 1 << 30))[1]
-                   and c.shape[1] <= region.get("n", (1, 1 << 30))[1] for c in cases)
+                   and region.get("n", (1, 1 << 30))[0] <= c.shape[1] <= region.get("n", (1, 1 << 30))[1]
+                   for c in cases)
         assert dispatch.parse_region(where)["feature"] in ("log2_n", "log2_m")
 
 

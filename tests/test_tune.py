@@ -216,3 +216,24 @@ def test_a_candidate_listed_for_two_regions_is_timed_in_either(tmp_path):
     def timed(m, n):
         return gid in [k.genome for k in table.kernels_of("bfloat16", m, n)]
     assert timed(5000, 200) and timed(8, 4096) and not timed(5000, 4096)
+
+
+def test_a_region_bounded_from_below_times_its_candidate_only_on_wide_calls(tmp_path):
+    """A study of wide rows (tests/gpu/grid_study.py --grid wide) bounds its winners from below: `log2_n>=14`."""
+    from kernel_factory.evo.tools.dispatch import TableError as WidenError, parse_region
+    from kernel_factory.kernels.table import TableError
+    region = parse_region("log2_n>=14")
+    assert region == {"feature": "log2_n", "ge": 14.0}
+    path, gid = _bounded_table(tmp_path, region)
+    table = Table(path)
+    def timed(m, n):
+        return gid in [k.genome for k in table.kernels_of("bfloat16", m, n)]
+    assert timed(5, 16384) and timed(1, 262144) and not timed(5000, 16383) and not timed(1, 96)
+    for bad in ({"feature": "log2_n", "le": 8.0, "ge": 14.0}, {"feature": "log2_n"}, {"feature": "log2_n", "ge": "14"},
+                {"feature": "log2_n", "ge": 14.0, "lt": 3}):
+        path, _ = _bounded_table(tmp_path, bad)
+        with pytest.raises(TableError, match=r"bfloat16\.candidates\[\d+\]\.where: a region is .*'le' or 'ge'"):
+            Table(path)
+    for text in ("log2_n>14", "log2_n=>14", "n>=14", "log2_n>=wide"):
+        with pytest.raises(WidenError, match="FEATURE<=VALUE or FEATURE>=VALUE"):
+            parse_region(text)

@@ -75,7 +75,8 @@ def parser() -> argparse.ArgumentParser:
     wid.add_argument("--out", help="the table to write (default: the --table itself)")
     wid.add_argument("--where", metavar="FEATURE<=VALUE",
                      help="time the added candidates only on calls inside this region (e.g. log2_n<=8: rows of at "
-                          "most 256 elements), as a study of those shapes measured them")
+                          "most 256 elements; log2_n>=14: of at least 16384), as a study of those shapes measured "
+                          "them")
     twi = sub.add_parser("twin", help="replace every genome of a dispatch table by its twin with some genes set (where "
                                       "feasible), and build the kernels")
     twi.add_argument("--problem", required=True)

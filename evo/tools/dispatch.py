@@ -158,18 +158,20 @@ def dumps(table: Mapping[str, Any]) -> str:
 
 
 def parse_region(text: str | None) -> dict[str, Any] | None:
-    """`FEATURE<=VALUE` (widen's --where) as a region, None for None; TableError naming what would be valid."""
+    """`FEATURE<=VALUE` or `FEATURE>=VALUE` (widen's --where) as a region, None for None; TableError naming what
+    would be valid."""
     if text is None:
         return None
-    feature, sep, value = text.partition("<=")
+    op = "<=" if "<=" in text else ">="
+    feature, sep, value = text.partition(op)
     try:
-        le = float(value)
+        bound = float(value)
     except ValueError:
-        le = None
-    if not sep or feature.strip() not in dispatch_rule.FEATURES or le is None:
-        raise TableError(f"--where {text!r}: give FEATURE<=VALUE, FEATURE one of "
+        bound = None
+    if not sep or feature.strip() not in dispatch_rule.FEATURES or bound is None:
+        raise TableError(f"--where {text!r}: give FEATURE<=VALUE or FEATURE>=VALUE, FEATURE one of "
                          f"{', '.join(dispatch_rule.FEATURES)} (e.g. log2_n<=8: rows of at most 256 elements)")
-    return {"feature": feature.strip(), "le": le}
+    return {"feature": feature.strip(), "le" if op == "<=" else "ge": bound}
 
 
 def widen(table: dict[str, Any], panels: Mapping[str, bytes | Path],

@@ -89,8 +89,9 @@
 #   r1 (carry .gpu-a .int21): QuACK's first bundle, INT21 built in the background; the backward table twinned on the
 #       host (tail=peel, then narrow=True); KDA's chunked genomes gated (their own share, KDA_S); the latency probe
 #       with the forward's grid, its winners added to the forward table for log2_n<=13 (as q1)
-#   r2 (carry .gpu-b): QuACK's second bundle; the twin installed; the backward's small-M grid, its winners added to
-#       the twinned table for log2_m<=10 (as q2); both tables installed and run through test_op_table_gpu.py, the
+#   r2 (carry .gpu-b): QuACK's second bundle; the twin installed; the backward's small-M grid and its wide-row grid
+#       (N >= 16384: clusters, register vectors, dw partials), their winners added to the twinned table for
+#       log2_m<=10 and log2_n>=14; both tables installed and run through test_op_table_gpu.py, the
 #       op's and the tuning's GPU tests and FLA's KDA peer test; both tables and their kernels packed
 #   r3 (carry .gpu-c .int21): QuACK complete; h200-bwd-workload-2's held-out shapes against every peer, the shipped
 #       table's rule the subject and the op (twinned, widened, tuned) beside it; then, while the call lasts,
@@ -328,10 +329,15 @@ r2)
   setup .gpu-b
   twinned
   install_twin
-  OUT="$RES" timeout "${GRID_S:-200}" python3 tests/gpu/grid_study.py --problem rmsnorm_bwd --grid small-m \
-    --budget $(( ${GRID_S:-200} - 40 )) > "$RES/grid_study.log" 2>&1
-  echo "exit $?" >> "$RES/grid_study.log"; tail -n 4 "$RES/grid_study.log"
-  widened bwd "$RES/grid-rmsnorm_bwd-small-m" 'log2_m<=10'   # on the twin (installed): installs both widened
+  for grid in small-m wide; do   # GRID_S, WIDE_S: each grid's share of the call
+    secs=$([ $grid = wide ] && echo "${WIDE_S:-170}" || echo "${GRID_S:-150}")
+    OUT="$RES" timeout "$secs" python3 tests/gpu/grid_study.py --problem rmsnorm_bwd --grid $grid --per-dtype 6 \
+      --budget $(( secs - 40 )) > "$RES/grid_study-$grid.log" 2>&1
+    echo "exit $?" >> "$RES/grid_study-$grid.log"; tail -n 4 "$RES/grid_study-$grid.log"; pack > /dev/null
+  done
+  # each on the table before it (the twin, installed): installs the widened tables
+  widened bwd "$RES/grid-rmsnorm_bwd-small-m" 'log2_m<=10'
+  widened bwd "$RES/grid-rmsnorm_bwd-wide" 'log2_n>=14'
   mkdir -p "$RES/tables" && cp kernels/ops/rmsnorm_fwd.json kernels/ops/rmsnorm_bwd.json "$RES/tables/" && \
     tar czf "$RES/tables/kernels.tgz" -C kernels/ops cubins sources; pack > /dev/null
   gpu_tests $(( ${END:-585} - SECONDS )) tests/gpu/test_op_table_gpu.py tests/gpu/test_rmsnorm_op_gpu.py \

@@ -16,7 +16,11 @@ Grids:
   the forward's campaigns holds a sub-warp genome; tests/gpu/latency_probe.py runs this grid beside the peers.
 - rmsnorm_bwd small-m (M of at most 1024): the one-launch and grouped small-M plans, sub-warp to four-warp rows,
   clusters that spread a row over 4 or 16 SMs, dw in registers or shared memory, the narrow path for widths that
-  are not a multiple of the vector. The shipped backward table holds no small-M plan and no sub-warp genome."""
+  are not a multiple of the vector. The shipped backward table holds no small-M plan and no sub-warp genome.
+- rmsnorm_bwd wide (rows of at least 16384 elements, where the shipped backward runs at 25 to 36% of the copy
+  bandwidth and QuACK about twice as fast, docs/results/workload/h100-shipped-bwd-2026-12-07): 512- and 1024-thread
+  CTAs, one or two per SM, clusters of 1 to 16 CTAs per row with either cluster sum, 1 to 4 register vectors, dw in
+  registers or shared memory, the next row's vectors loaded ahead or not, the peeled tail or not."""
 from __future__ import annotations
 
 import argparse
@@ -57,10 +61,19 @@ def _bwd_small_m() -> list[dict]:
             for regs in (1, 2, 4) for acc in ("regs", "smem")]
 
 
+def _bwd_wide() -> list[dict]:
+    return [dict(threads=threads, ctas_per_sm=per_sm, cluster=cluster, reg_vecs=regs, dw_acc=acc, prefetch=ahead,
+                 cluster_sum=csum, narrow=True, tail=tail)
+            for threads, per_sm in ((512, 1), (512, 2), (1024, 1)) for cluster in (1, 2, 4, 8, 16)
+            for regs in (1, 2, 4) for acc in ("regs", "smem") for ahead in (True, False)
+            for csum in (("cta", "warps") if cluster > 1 else ("cta",)) for tail in ("none", "peel")]
+
+
 # (problem, grid) -> (the genes over the defaults, the region of M and N its shapes are drawn from, widen's --where)
 GRIDS: dict[tuple[str, str], tuple[Callable[[], list[dict]], dict[str, tuple[int, int]], str]] = {
     ("rmsnorm_fwd", "small"): (_fwd_small, {"m": (1, 1024), "n": (64, 8192)}, "log2_n<=13"),
     ("rmsnorm_bwd", "small-m"): (_bwd_small_m, {"m": (1, 1024)}, "log2_m<=10"),
+    ("rmsnorm_bwd", "wide"): (_bwd_wide, {"n": (16384, 262144)}, "log2_n>=14"),
 }
 
 
