@@ -9,7 +9,11 @@
 //   (I + N) U = diag(beta) (V - (exp(gc) k) S), solved by the gene SOLVE
 //   o = scale ((exp(gc) q) S + B U);   S <- diag(exp(gc_n)) S + (exp(gc_n - gc) k)^T U
 // Tokens past n (a sequence's last, partial chunk) are staged as zeros with a zero gate: they add nothing, their
-// rows of N, B and U are zero, and gc stays at gc_n. CUDA-core FMAs throughout: the first, correct version.
+// rows of N, B and U are zero, and gc stays at gc_n. The gene MMA picks how the chunk's dense products are taken:
+// CUDA-core FMAs (MMA_FMA, the first, correct version), or mma.sync.m16n8k16 tiles with bf16 operands and fp32
+// accumulators (MMA_MMA_SYNC; the PTX is in kda_mma.cuh): the right-hand side's and the output's products with S,
+// B U, S's update, and N's and B's blocks below the diagonal of 16-token blocks. The diagonal blocks stay FMAs with
+// each exponent exact; the state stays fp32 in registers, its tiles reading a copy rounded to bf16.
 #define CK_V 64                          // problems/kda_fwd.py CHUNK_V
 #define CK_LANES 4
 #define CK_THREADS (CK_V * CK_LANES)     // problems/kda_fwd.py CHUNK_THREADS
@@ -21,8 +25,19 @@
 #else
 #define CK_POWERS 0
 #endif
+#if MMA == MMA_MMA_SYNC
+#define CK_TILE 16                       // the mma's M and K: the chunk's blocks of 16 tokens
+#define CK_SP (CK_V + 4)                 // a row of the state's copy (problems/kda_fwd.py MMA_SP): a B fragment's
+                                         // 32 lanes read 32 different banks
+#define CK_STATE_COPY (HEAD_K * CK_SP)
+static_assert(CHUNK % CK_TILE == 0 && HEAD_K % CK_TILE == 0 && CK_V == 8 * (CK_THREADS / 32),
+              "whole tiles; each warp owns the 8 columns its threads hold");
+#else
+#define CK_STATE_COPY 0
+#endif
 // The floats of dynamic shared memory; problems/kda_fwd.py chunked_smem() gives the recipe the same count in bytes.
-#define CK_FLOATS (3 * CHUNK * CK_KP + 2 * CHUNK * CK_CP + CK_POWERS + CHUNK * CK_V + HEAD_K + 3 * CHUNK)
+#define CK_FLOATS \
+    (3 * CHUNK * CK_KP + 2 * CHUNK * CK_CP + CK_POWERS + CHUNK * CK_V + HEAD_K + 3 * CHUNK + CK_STATE_COPY)
 
 static_assert(CHUNK <= CK_THREADS && CHUNK % CK_LANES == 0, "one thread per token for beta; rows split by lanes");
 static_assert(32 % CK_LANES == 0, "a column's lanes share a warp");
@@ -39,6 +54,7 @@ struct CkShared {
     float* beta;   // [CHUNK]
     float* rq;     // [CHUNK]: 1 / |q_t|
     float* rk;     // [CHUNK]: 1 / |k_t|
+    float* x;      // [HEAD_K][CK_SP]: S for the tiles, then the chunk's update to S (MMA_MMA_SYNC only)
 };
 
 __device__ __forceinline__ CkShared ck_layout(float* base) {
@@ -54,6 +70,7 @@ __device__ __forceinline__ CkShared ck_layout(float* base) {
     sm.beta = sm.last + HEAD_K;
     sm.rq = sm.beta + CHUNK;
     sm.rk = sm.rq + CHUNK;
+    sm.x = sm.rk + CHUNK;
     return sm;
 }
 
@@ -146,9 +163,13 @@ __device__ __forceinline__ void ck_normalize_and_sum(const CkShared& sm) {
 }
 
 // N (beta-scaled, strictly lower) and B (lower), a thread per entry; each exponent gc_t - gc_r <= 0 for r <= t.
+// Under MMA_MMA_SYNC only the diagonal 16-token blocks (and the zeros above them): ck_pairs_mma takes the rest.
 __device__ __forceinline__ void ck_pairs(const CkShared& sm) {
     for (int i = threadIdx.x; i < CHUNK * CHUNK; i += CK_THREADS) {
         const int t = i / CHUNK, r = i % CHUNK;
+#if MMA == MMA_MMA_SYNC
+        if (r < t && r / CK_TILE != t / CK_TILE) continue;
+#endif
         float a = 0.0f, b = 0.0f;
         if (r <= t) {
             const float *qt = sm.q + t * CK_KP, *kt = sm.k + t * CK_KP, *kr = sm.k + r * CK_KP;
@@ -165,6 +186,110 @@ __device__ __forceinline__ void ck_pairs(const CkShared& sm) {
     }
 }
 
+#if MMA == MMA_MMA_SYNC
+// The m16n8k16 fragments, as the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k16 with floating point
+// type"), lane = 4 group + quad: A (16 x 16) a[0] = (group, 2 quad + {0, 1}), a[1] = (group + 8, the same columns),
+// a[2] = (group, 2 quad + 8 + {0, 1}), a[3] = (group + 8, the same); B (16 x 8) b[0] = (2 quad + {0, 1}, group),
+// b[1] = (2 quad + 8 + {0, 1}, group); C (16 x 8) d[e] = (group + 8 (e / 2), 2 quad + e % 2). `at(row, col)` gives
+// an element as a float; it is rounded to bf16 here.
+template <class At>
+__device__ __forceinline__ void ck_frag_a(unsigned (&a)[4], At at) {
+    const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4 * 2;
+    a[0] = ck_pack_bf16(at(g, c), at(g, c + 1));
+    a[1] = ck_pack_bf16(at(g + 8, c), at(g + 8, c + 1));
+    a[2] = ck_pack_bf16(at(g, c + 8), at(g, c + 9));
+    a[3] = ck_pack_bf16(at(g + 8, c + 8), at(g + 8, c + 9));
+}
+
+template <class At>
+__device__ __forceinline__ void ck_frag_b(unsigned (&b)[2], At at) {
+    const int g = threadIdx.x % 32 / 4, r = threadIdx.x % 4 * 2;
+    b[0] = ck_pack_bf16(at(r, g), at(r + 1, g));
+    b[1] = ck_pack_bf16(at(r + 8, g), at(r + 9, g));
+}
+
+__device__ __forceinline__ int ck_c_row(int e) { return threadIdx.x % 32 / 4 + 8 * (e / 2); }
+__device__ __forceinline__ int ck_c_col(int e) { return threadIdx.x % 4 * 2 + e % 2; }
+
+// d += A B over `steps` blocks of 16 of the reduction: a_at(row, k) and b_at(k, col) index the tile's operands.
+template <class AtA, class AtB>
+__device__ __forceinline__ void ck_tile(float (&d)[4], int steps, AtA a_at, AtB b_at) {
+    for (int s = 0; s < steps; ++s) {
+        unsigned a[4], b[2];
+        ck_frag_a(a, [&](int i, int j) { return a_at(i, CK_TILE * s + j); });
+        ck_frag_b(b, [&](int i, int j) { return b_at(CK_TILE * s + i, j); });
+        ck_mma_16x8x16(d, a, b);
+    }
+}
+
+// d += A B as above with each operand split into two bf16 parts, x = hi + lo (lo = x - hi, rounded in turn), and
+// the three products hi hi, hi lo, lo hi: about 16 bits of each operand rather than 8, for S's update, where the
+// rounding would otherwise accumulate in the state over the sequence (docs/kda.md).
+__device__ __forceinline__ float ck_bf16_hi(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+template <class AtA, class AtB>
+__device__ __forceinline__ void ck_tile_split(float (&d)[4], int steps, AtA a_at, AtB b_at) {
+    for (int s = 0; s < steps; ++s) {
+        unsigned a_hi[4], a_lo[4], b_hi[2], b_lo[2];
+        const auto a = [&](int i, int j) { return a_at(i, CK_TILE * s + j); };
+        const auto b = [&](int i, int j) { return b_at(CK_TILE * s + i, j); };
+        ck_frag_a(a_hi, a);
+        ck_frag_a(a_lo, [&](int i, int j) { const float x = a(i, j); return x - ck_bf16_hi(x); });
+        ck_frag_b(b_hi, b);
+        ck_frag_b(b_lo, [&](int i, int j) { const float x = b(i, j); return x - ck_bf16_hi(x); });
+        ck_mma_16x8x16(d, a_hi, b_hi);
+        ck_mma_16x8x16(d, a_hi, b_lo);
+        ck_mma_16x8x16(d, a_lo, b_hi);
+    }
+}
+
+// N's and B's entries below the diagonal blocks, by tiles of 16 tokens t (block T) x 8 tokens r of an earlier block:
+// exp(gc_t - gc_r) = exp(gc_t - gc_m) exp(gc_m - gc_r) at the reference token m = 16 T, the first of block T, so
+// that r < m <= t and both exponents are at most zero (a factor that underflows bounds a product smaller still).
+// The operands are those factors times k and q, rounded to bf16; the tiles go to the warps in turn.
+__device__ __forceinline__ void ck_pairs_mma(const CkShared& sm) {
+    constexpr int tiles = (CHUNK / CK_TILE) * (CHUNK / CK_TILE - 1);   // block T has 2 T tiles of 8 columns
+    for (int tile = threadIdx.x / 32; tile < tiles; tile += CK_THREADS / 32) {
+        int block = 1;
+        while (tile >= block * (block + 1)) ++block;
+        const int m = CK_TILE * block, r0 = 8 * (tile - block * (block - 1));
+        const float* gm = sm.g + m * CK_KP;
+        float dn[4] = {0.0f, 0.0f, 0.0f, 0.0f}, db[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < HEAD_K / CK_TILE; ++s) {
+            const int j0 = CK_TILE * s;
+            const auto late = [&](const float* x, int i, int j) {   // x_t exp(gc_t - gc_m)
+                const int at = (m + i) * CK_KP + j0 + j;
+                return x[at] * kda_exp(sm.g[at] - gm[j0 + j]);
+            };
+            unsigned ak[4], aq[4], b[2];
+            ck_frag_a(ak, [&](int i, int j) { return late(sm.k, i, j); });
+            ck_frag_a(aq, [&](int i, int j) { return late(sm.q, i, j); });
+            ck_frag_b(b, [&](int j, int r) {   // k_r exp(gc_m - gc_r)
+                const int at = (r0 + r) * CK_KP + j0 + j;
+                return sm.k[at] * kda_exp(gm[j0 + j] - sm.g[at]);
+            });
+            ck_mma_16x8x16(dn, ak, b);
+            ck_mma_16x8x16(db, aq, b);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int t = m + ck_c_row(e), r = r0 + ck_c_col(e);
+            sm.n[t * CK_CP + r] = sm.beta[t] * dn[e];
+            sm.b[t * CK_CP + r] = db[e];
+        }
+    }
+}
+
+// S's copy for the tiles: this thread's rows of its column. Each warp's threads hold 8 whole columns, which only
+// that warp's tiles read, so a warp barrier orders the copy.
+__device__ __forceinline__ void ck_state_copy(const CkShared& sm, const float (&s)[CK_ROWS]) {
+    const int lc = threadIdx.x / CK_LANES, lane = threadIdx.x % CK_LANES;
+#pragma unroll
+    for (int i = 0; i < CK_ROWS; ++i) sm.x[(lane + CK_LANES * i) * CK_SP + lc] = s[i];
+    __syncwarp();
+}
+#endif
+
 // What the state products need, in place: exp(gc) q, exp(gc) k, and exp(gc_n - gc) k over the gate.
 __device__ __forceinline__ void ck_decays(const CkShared& sm) {
     for (int i = threadIdx.x; i < CHUNK * HEAD_K; i += CK_THREADS) {
@@ -176,6 +301,27 @@ __device__ __forceinline__ void ck_decays(const CkShared& sm) {
     }
 }
 
+#if MMA == MMA_MMA_SYNC
+// The right-hand side beta_t (v_t - (exp(gc_t) k_t)^T S), zeros past n: warp w takes the 8 columns its threads hold,
+// a tile per 16 tokens, S read from the copy. `col` is unused: the tiles' columns are the warp's.
+__device__ __forceinline__ void ck_rhs(const CkShared& sm, const float (&s)[CK_ROWS],
+                                       const __nv_bfloat16* __restrict__ v, int c0, int n, int heads, int head, int) {
+    const int v0 = 8 * (threadIdx.x / 32);
+    ck_state_copy(sm, s);
+    for (int mt = 0; mt < CHUNK / CK_TILE; ++mt) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        ck_tile(d, HEAD_K / CK_TILE, [&](int t, int j) { return sm.k[(CK_TILE * mt + t) * CK_KP + j]; },
+                [&](int j, int c) { return sm.x[j * CK_SP + v0 + c]; });
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int t = CK_TILE * mt + ck_c_row(e), c = v0 + ck_c_col(e);
+            const size_t at = ((size_t)(c0 + t) * heads + head) * HEAD_V + blockIdx.x * CK_V + c;
+            const float value = t < n ? ck_load(v + at) : 0.0f;
+            sm.u[t * CK_V + c] = sm.beta[t] * (value - d[e]);
+        }
+    }
+}
+#else
 // The right-hand side beta_t (v_t - (exp(gc_t) k_t)^T S) of this thread's column, zeros past n.
 __device__ __forceinline__ void ck_rhs(const CkShared& sm, const float (&s)[CK_ROWS],
                                        const __nv_bfloat16* __restrict__ v, int c0, int n, int heads, int head,
@@ -192,6 +338,7 @@ __device__ __forceinline__ void ck_rhs(const CkShared& sm, const float (&s)[CK_R
         }
     }
 }
+#endif
 
 #if SOLVE == SOLVE_SUBSTITUTION
 // (I + N) U = rhs, row by row: U_t = rhs_t - sum_{r<t} N[t][r] U_r. A column's rows are its own lanes' work, and
@@ -259,6 +406,49 @@ __device__ __forceinline__ void ck_solve(const CkShared& sm, int) {
 }
 #endif
 
+#if MMA == MMA_MMA_SYNC
+// o_t = scale ((exp(gc_t) q_t)^T S + sum_{r<=t} B[t][r] U_r): warp w's 8 columns, a tile per 16 tokens, B U over the
+// blocks up to the tile's own (B is lower). `col` is unused, as in ck_rhs.
+__device__ __forceinline__ void ck_outputs(const CkShared& sm, const float (&)[CK_ROWS], __nv_bfloat16* __restrict__ o,
+                                           int c0, int n, int heads, int head, int, float scale) {
+    const int v0 = 8 * (threadIdx.x / 32);
+    for (int mt = 0; mt < CHUNK / CK_TILE; ++mt) {
+        const int t0 = CK_TILE * mt;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        ck_tile(d, HEAD_K / CK_TILE, [&](int t, int j) { return sm.q[(t0 + t) * CK_KP + j]; },
+                [&](int j, int c) { return sm.x[j * CK_SP + v0 + c]; });
+        ck_tile(d, mt + 1, [&](int t, int r) { return sm.b[(t0 + t) * CK_CP + r]; },
+                [&](int r, int c) { return sm.u[r * CK_V + v0 + c]; });
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int t = t0 + ck_c_row(e), c = blockIdx.x * CK_V + v0 + ck_c_col(e);
+            if (t < n) o[((size_t)(c0 + t) * heads + head) * HEAD_V + c] = __float2bfloat16(d[e] * scale);
+        }
+    }
+}
+
+// S <- diag(exp(gc_n)) S + (exp(gc_n - gc) k)^T U: warp w's update to its 8 columns by a tile per 16 rows of K over
+// the chunk's tokens (split operands: ck_tile_split), through the copy (which only this warp reads), then each
+// thread adds its rows in fp32.
+__device__ __forceinline__ void ck_advance(const CkShared& sm, float (&s)[CK_ROWS], int) {
+    const int lc = threadIdx.x / CK_LANES, lane = threadIdx.x % CK_LANES, v0 = 8 * (threadIdx.x / 32);
+    __syncwarp();   // the warp's outputs have read the copy
+    for (int mt = 0; mt < HEAD_K / CK_TILE; ++mt) {
+        const int j0 = CK_TILE * mt;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        ck_tile_split(d, CHUNK / CK_TILE, [&](int j, int t) { return sm.g[t * CK_KP + j0 + j]; },
+                [&](int t, int c) { return sm.u[t * CK_V + v0 + c]; });
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sm.x[(j0 + ck_c_row(e)) * CK_SP + v0 + ck_c_col(e)] = d[e];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < CK_ROWS; ++i) {
+        const int j = lane + CK_LANES * i;
+        s[i] = s[i] * kda_exp(sm.last[j]) + sm.x[j * CK_SP + lc];
+    }
+}
+#else
 // o_t = scale ((exp(gc_t) q_t)^T S + sum_{r<=t} B[t][r] U_r) for this thread's column.
 __device__ __forceinline__ void ck_outputs(const CkShared& sm, const float (&s)[CK_ROWS], __nv_bfloat16* __restrict__ o,
                                            int c0, int n, int heads, int head, int col, float scale) {
@@ -284,6 +474,7 @@ __device__ __forceinline__ void ck_advance(const CkShared& sm, float (&s)[CK_ROW
         for (int i = 0; i < CK_ROWS; ++i) s[i] += sm.g[r * CK_KP + lane + CK_LANES * i] * u;
     }
 }
+#endif
 
 // One CTA per SM at least: ptxas then keeps every value in registers (under the plain bound it chose 64
 // registers and spilled in one genome); a chunk's shared memory limits the CTAs per SM anyway.
@@ -315,6 +506,9 @@ extern "C" __global__ void __launch_bounds__(CK_THREADS, 1) kda_fwd(
         ck_normalize_and_sum(sm);
         __syncthreads();
         ck_pairs(sm);
+#if MMA == MMA_MMA_SYNC
+        ck_pairs_mma(sm);
+#endif
         __syncthreads();
         ck_decays(sm);
         __syncthreads();

@@ -124,5 +124,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) kda_fwd(
     for (int i = 0; i < ROWS; ++i) final_state[state + (size_t)(lane + K_LANES * i) * HEAD_V + col] = s[i];
 }
 #else
+#if MMA == MMA_MMA_SYNC
+#include "kda_mma.cuh"
+#endif
 #include "kda_chunked.cuh"
 #endif

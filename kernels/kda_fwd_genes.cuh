@@ -49,3 +49,9 @@
 #ifndef SOLVE
 #define SOLVE SOLVE_SUBSTITUTION
 #endif
+// mma (ptx)
+#define MMA_FMA 0
+#define MMA_MMA_SYNC 1
+#ifndef MMA
+#define MMA MMA_FMA
+#endif

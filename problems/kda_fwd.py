@@ -23,7 +23,8 @@ CHUNK_V = 64         # the chunked form's V slice: columns per CTA
 CHUNK_THREADS = 256  # the chunked form's CTA: 4 threads per V column of the slice
 K_PAD = HEAD + 1     # the chunked form's shared rows of K floats, padded so that rows start in different banks
 RECURRENT_ONLY = ("v_block", "k_lanes")
-CHUNKED_ONLY = ("chunk", "solve")
+CHUNKED_ONLY = ("chunk", "solve", "mma")
+MMA_SP = CHUNK_V + 4  # the chunked form's shared copy of the state under mma=mma_sync: a row of CHUNK_V floats, padded
 
 GENES = (
     Gene("v_block", (32, 64, 128), 64, doc="V columns per CTA (the grid has 128 / v_block slices per head)"),
@@ -37,6 +38,9 @@ GENES = (
     Gene("solve", ("substitution", "neumann"), "substitution",
          doc="chunked form: forward substitution row by row | the product (I - N)(I + N^2)(I + N^4)... of "
              "the strictly lower N's powers, exact since N^chunk = 0 (chunks of NEUMANN_CHUNK only)"),
+    Gene("mma", ("fma", "mma_sync"), "fma", kind="ptx",
+         doc="chunked form: the chunk's dense products by CUDA-core FMAs | by mma.sync.m16n8k16 tiles (bf16 operands, "
+             "fp32 accumulate; the state itself stays fp32)"),
 )
 # The product form's powers N^(2^j) grow like binomials where N's entries near 1 (alike keys, beta near 1, little
 # decay): past chunks of 16 their fp32 sums cancel catastrophically (tests/test_kda_chunked.py), while random inputs,
@@ -65,10 +69,11 @@ def chunked_smem(g: Mapping[str, GeneValue]) -> int:
     """Bytes of dynamic shared memory the chunked kernel lays out (kda_chunked.cuh's CK_FLOATS; the kernel traps
     when given less): q, k and the cumulative gate as chunk x K_PAD floats; the solve's N, the output's B and, for
     the product form, N's powers as chunk x (chunk + 1); the updates chunk x CHUNK_V; the last cumulative gate per
-    channel; beta and the two norms per token."""
+    channel; beta and the two norms per token; under mma=mma_sync, a copy of the state (HEAD x MMA_SP)."""
     c = int(g["chunk"])
     square = c * (c + 1) * (3 if g["solve"] == "neumann" else 2)
-    return 4 * (3 * c * K_PAD + square + c * CHUNK_V + HEAD + 3 * c)
+    state_copy = HEAD * MMA_SP if g["mma"] == "mma_sync" else 0   # the tiles' copy of S, then the chunk's update
+    return 4 * (3 * c * K_PAD + square + c * CHUNK_V + HEAD + 3 * c + state_copy)
 
 
 # FlashKDA's benchmark (T = 8192 packed: one sequence, six mixed lengths, eight of 1024; H 96 and 64) and FLA's
@@ -158,14 +163,16 @@ class KdaForward:
         candidate whose SASS contradicts its genes, and tests/test_kda_chunked.py checks the same on the CPU. The
         recurrent form's loads take the read-only path under either choice and its expf of A_log leaves expf's
         opcodes under either exp, so only load=nc is checked there; the chunked form writes ld.global out and takes
-        A_log's exponential by the gene, so each choice of both genes shows."""
+        A_log's exponential by the gene, so each choice of both genes shows, and mma=mma_sync alone has HMMA."""
         nc = genes["load"] == "nc"
         if genes["form"] == "recurrent":
             return [("LDG.E.U16.CONSTANT", True, "load=nc is ld.global.nc")] if nc else []
         return [(r"LDG\.E\.U16\.CONSTANT", nc, "load=nc reads the bf16 inputs by ld.global.nc"),
                 (r"LDG\.E\.U16$", not nc, "load=plain reads the bf16 inputs by a plain ld.global"),
                 (r"FFMA\.SAT", genes["exp"] == "precise", "exp=precise is expf, whose range reduction saturates; "
-                                                           "exp=approx is ex2.approx.ftz alone")]
+                                                           "exp=approx is ex2.approx.ftz alone"),
+                (r"HMMA", genes["mma"] == "mma_sync", "mma=mma_sync takes the chunk's products on tensor cores; "
+                                                      "mma=fma on CUDA cores only")]
 
     def baseline(self, name: str, case: Case, inputs: Mapping[str, Any]) -> Callable[[], Mapping[str, Any]]:
         if name == "torch_eager":   # the chunked form in torch, fp32 (chunks of 64 tokens)

@@ -27,11 +27,11 @@ def _genomes(form):
 
 def test_each_form_reads_only_its_own_genes():
     recurrent, chunked = _genomes("recurrent"), _genomes("chunked")
-    # chunks of 16, 32 and 64 by substitution, of 16 by the product form; each under both exp and both load
-    assert len(recurrent) == 48 and len(chunked) == 4 * 2 * 2 and problem.space.defaults()["form"] == "recurrent"
-    assert {(g["chunk"], g["solve"]) for g in recurrent} == {(64, "substitution")}
+    # chunks of 16, 32 and 64 by substitution, of 16 by the product form; each under both exp, both load and both mma
+    assert len(recurrent) == 48 and len(chunked) == 4 * 2 * 2 * 2 and problem.space.defaults()["form"] == "recurrent"
+    assert {(g["chunk"], g["solve"], g["mma"]) for g in recurrent} == {(64, "substitution", "fma")}
     assert {(g["v_block"], g["k_lanes"]) for g in chunked} == {(64, 4)}
-    pinned = {g: problem.space.defaults()[g] for g in ("form", "chunk", "solve")}
+    pinned = {g: problem.space.defaults()[g] for g in ("form", "chunk", "solve", "mma")}
     assert [dict(zip(("v_block", "k_lanes", "exp", "load"), c)) | pinned for c in itertools.product(
         (32, 64, 128), (1, 2, 4, 8), ("approx", "precise"), ("plain", "nc"))] == recurrent
     assert problem.space.why_infeasible({**problem.space.defaults(), "chunk": 16}) == \
@@ -41,6 +41,8 @@ def test_each_form_reads_only_its_own_genes():
     assert problem.space.why_infeasible({**problem.space.defaults(), "form": "chunked", "solve": "neumann"}) == \
         "solve=neumann loses fp32 to its powers of N at chunk=64 where keys are alike: needs chunk=16, or " \
         "solve=substitution"
+    assert problem.space.why_infeasible({**problem.space.defaults(), "mma": "mma_sync"}) == \
+        "mma='mma_sync' means nothing to form=recurrent: keep it at its default 'fma'"
 
 
 def test_the_recurrent_launches_are_the_ones_gated_on_the_h200():
@@ -63,11 +65,13 @@ def test_the_chunked_launch_gives_its_shared_memory():
         (plan,) = problem.launch(g, case, inputs, outputs)
         assert plan.grid == (HEAD // CHUNK_V, 3, 3) and plan.block == (CHUNK_THREADS, 1, 1)
         assert plan.shared_bytes == chunked_smem(g) <= MAX_DYNAMIC_SMEM
-        sizes[g["chunk"], g["solve"]] = plan.shared_bytes
+        sizes[g["chunk"], g["solve"], g["mma"]] = plan.shared_bytes
     # q, k and the gate (chunk x 129 floats) dominate; the product form adds N's powers (chunk x (chunk + 1))
-    assert sizes[64, "substitution"] == 4 * (3 * 64 * 129 + 2 * 64 * 65 + 64 * 64 + 128 + 3 * 64) == 150016
-    assert sizes[16, "neumann"] - sizes[16, "substitution"] == 4 * 16 * 17
-    assert sizes[16, "substitution"] < 48 * 1024 < sizes[32, "substitution"]   # the others need the opt-in
+    assert sizes[64, "substitution", "fma"] == 4 * (3 * 64 * 129 + 2 * 64 * 65 + 64 * 64 + 128 + 3 * 64) == 150016
+    assert sizes[16, "neumann", "fma"] - sizes[16, "substitution", "fma"] == 4 * 16 * 17
+    assert sizes[16, "substitution", "fma"] < 48 * 1024 < sizes[32, "substitution", "fma"]   # the others: opt-in
+    # mma=mma_sync adds the state's copy for the tiles: 128 rows of 64 + 4 floats
+    assert {sizes[c, s, "mma_sync"] - sizes[c, s, "fma"] for c, s, _ in sizes} == {4 * 128 * 68}
 
 
 def _solve(n_mat, rhs, chunk, solve):
@@ -91,9 +95,38 @@ def _pad(x, chunk):
     return torch.cat([x, x.new_zeros(chunk - x.shape[0], *x.shape[1:])]) if x.shape[0] < chunk else x
 
 
-def _kernel_steps(p, cu, state, chunk, solve):
+def _bf16(x):
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+TILE = 16   # kda_chunked.cuh CK_TILE: the mma's M and K
+
+
+def _split_product(a, b):
+    """kda_chunked.cuh ck_tile_split: a = a_hi + a_lo and b alike, each part bf16; the lo x lo product dropped."""
+    a_hi, b_hi = _bf16(a), _bf16(b)
+    a_lo, b_lo = _bf16(a - a_hi), _bf16(b - b_hi)
+    return a_hi @ b_hi + a_hi @ b_lo + a_lo @ b_hi
+
+
+def _pairs_below_the_diagonal_blocks(q, k, gc):
+    """mma=mma_sync's N (unscaled by beta) and B below the diagonal 16-token blocks: per row block, its first token m
+    is the reference, exp(gc_t - gc_m) times k_t or q_t and exp(gc_m - gc_r) times k_r each rounded to bf16 (the
+    operands), summed in full precision; entries at or above the diagonal blocks are zero here."""
+    chunk = k.shape[1]
+    ref = gc[:, (torch.arange(chunk) // TILE) * TILE]                    # gc_m of each row t's block
+    early = torch.arange(chunk)[None, :] < ((torch.arange(chunk) // TILE) * TILE)[:, None]   # [t, r]: r < m_t
+    late_k, late_q = (_bf16(x * torch.exp(gc - ref)) for x in (k, q))   # [h, t, j]
+    diff = (ref[:, :, None] - gc[:, None]).masked_fill(~early[None, :, :, None], -torch.inf)   # [h, t, r, j]
+    kr = _bf16(k[:, None] * torch.exp(diff))
+    return torch.einsum("htj,htrj->htr", late_k, kr), torch.einsum("htj,htrj->htr", late_q, kr), early
+
+
+def _kernel_steps(p, cu, state, chunk, solve, mma="fma"):
     """The chunked kernel's algebra in its own order: every chunk `chunk` tokens long, a partial one padded with zero
-    tokens (zero gate, zero beta); gc_n is the padded chunk's last cumulative gate."""
+    tokens (zero gate, zero beta); gc_n is the padded chunk's last cumulative gate. Under mma=mma_sync each product's
+    operands are rounded to bf16 where the kernel's tiles round them (their sums stay in the working precision)."""
+    rnd = _bf16 if mma == "mma_sync" else (lambda x: x)
     o = torch.empty_like(p["v"])
     states = state.clone()
     scale = p["q"].shape[-1] ** -0.5
@@ -105,13 +138,18 @@ def _kernel_steps(p, cu, state, chunk, solve):
             gc = g.cumsum(1)
             upto = torch.ones(chunk, chunk, dtype=torch.bool).tril()
             decay = torch.exp((gc[:, :, None] - gc[:, None]).masked_fill(~upto[None, :, :, None], 0.0))
-            n_mat = beta[..., None] * torch.einsum("htk,hrk,htrk->htr", k, k, decay) * upto.tril(-1)
-            b_mat = torch.einsum("htk,hrk,htrk->htr", q, k, decay) * upto
-            rhs = beta[..., None] * (v - (torch.exp(gc) * k) @ s)
+            n_mat = torch.einsum("htk,hrk,htrk->htr", k, k, decay)
+            b_mat = torch.einsum("htk,hrk,htrk->htr", q, k, decay)
+            if mma == "mma_sync":
+                n_off, b_off, below = _pairs_below_the_diagonal_blocks(q, k, gc)
+                n_mat, b_mat = (torch.where(below, off, exact) for off, exact in ((n_off, n_mat), (b_off, b_mat)))
+            n_mat, b_mat = beta[..., None] * n_mat * upto.tril(-1), b_mat * upto
+            rhs = beta[..., None] * (v - rnd(torch.exp(gc) * k) @ rnd(s))
             u = _solve(n_mat, rhs, chunk, solve)
-            o[c0:c0 + n] = (scale * ((torch.exp(gc) * q) @ s + b_mat @ u)).transpose(0, 1)[:n]
+            o[c0:c0 + n] = (scale * (rnd(torch.exp(gc) * q) @ rnd(s) + rnd(b_mat) @ rnd(u))).transpose(0, 1)[:n]
             last = gc[:, -1]
-            s = torch.exp(last)[..., None] * s + (torch.exp(last[:, None] - gc) * k).transpose(1, 2) @ u
+            update = (torch.exp(last[:, None] - gc) * k).transpose(1, 2)
+            s = torch.exp(last)[..., None] * s + (_split_product(update, u) if mma == "mma_sync" else update @ u)
         states[i] = s
     return o, states
 
@@ -173,6 +211,7 @@ def _compiled(genes):
 
 
 def test_every_chunked_genome_compiles_without_spills_and_its_sass_follows_its_genes():
+    """expected_sass() holds each PTX gene's choice: load, exp, and mma=mma_sync alone with HMMA (bf16 in, fp32 out)."""
     genomes = _genomes("chunked")
     with ProcessPoolExecutor(2) as pool:
         built = list(pool.map(_compiled, genomes))
@@ -180,4 +219,5 @@ def test_every_chunked_genome_compiles_without_spills_and_its_sass_follows_its_g
         assert info.spill_stores == info.spill_loads == info.local_bytes == 0, (g, info.log)
         for pattern, present, why in problem.expected_sass(g, "bfloat16"):
             assert any(re.match(pattern, op) for op in ops) == present, (g, pattern, why)
-        assert not any(op.startswith("HMMA") for op in ops), g   # CUDA-core FMAs only, so far
+        hmma = {op for op in ops if op.startswith("HMMA")}
+        assert hmma == ({"HMMA.16816.F32.BF16"} if g["mma"] == "mma_sync" else set()), (g, hmma)
