@@ -96,6 +96,9 @@
 #   r3 (carry .gpu-c .int21): QuACK complete; h200-bwd-workload-2's held-out shapes against every peer, the shipped
 #       table's rule the subject and the op (twinned, widened, tuned) beside it; then, while the call lasts,
 #       h200-fwd-workload-5's held-out shapes of at most 8192 elements a row (the widened region) likewise
+#   r4 (carry .gpu-b; the twinned and widened tables committed as the op's): the tuning's, the op's and every
+#       kernel's GPU tests through them, KDA's chunked gate (with mma=mma_sync), then the chunked form's default
+#       genome with and without tensor cores against FLA's chunk_kda on the benchmark workloads
 #   Each r stage ends by END (seconds from its start) where the budget is short.
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
@@ -114,7 +117,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh r1|r2|r3|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -172,6 +175,7 @@ ops_dirs() {   # the checkout's kernels/ops and the one the op loads (host_setup
 install_table() {   # FOLDER PROBLEM: FOLDER/PROBLEM.json and its kernels as the op's, in every ops folder
   local dir
   for dir in $(ops_dirs); do
+    mkdir -p "$dir/cubins" "$dir/sources"
     cp "$1/$2.json" "$dir/" && cp "$1"/cubins/* "$dir/cubins/" && cp "$1"/sources/* "$dir/sources/" || return 1
   done
   echo "installed $1/$2.json as the op's ($(python3 -c "from kernel_factory.kernels.runtime import OPS_DIR; \
@@ -354,6 +358,19 @@ r3)
   int21_wait 200 || exit 2
   shipped bwd "$BWD" $(( ${END:-585} - SECONDS - 10 ))
   [ $(( ${END:-585} - SECONDS )) -gt 60 ] && heldout small-n-fwd $(( ${END:-585} - SECONDS - 10 ))
+  ;;
+r4)
+  export KF_PEERS=liger
+  setup "${BUNDLE:-.gpu-b}"   # FLA's wheels (a cold host: a bundle of .gpu-a less QuACK, and FLA)
+  gpu_tests "${TESTS_S:-150}" tests/gpu/test_op_tune_gpu.py tests/gpu/test_op_table_gpu.py \
+    tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_kda_fwd_gpu.py -k "not recurrent"
+  for mma in mma_sync fma; do   # the chunked form's default genome, with and without tensor cores, against FLA
+    [ $(( ${END:-585} - SECONDS )) -gt 40 ] || break
+    timeout $(( ${END:-585} - SECONDS - 10 )) kernel-factory bench --problem kda_fwd --shapes benchmark \
+      --genes "{\"form\": \"chunked\", \"mma\": \"$mma\"}" --baselines fla --reps 10 --out "$RES/kda-bench" \
+      --stem "chunked-$mma" > "$RES/kda-bench-$mma.log" 2>&1
+    echo "exit $?" >> "$RES/kda-bench-$mma.log"; tail -n 12 "$RES/kda-bench-$mma.log"; pack > /dev/null
+  done
   ;;
 pe1)
   first_call   # QuACK completes in pe3
