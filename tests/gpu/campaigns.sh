@@ -100,6 +100,10 @@
 #       kernel's GPU tests through them, KDA's chunked gate (with mma=mma_sync), then the chunked form's default
 #       genome with and without tensor cores against FLA's chunk_kda on the benchmark workloads
 #   Each r stage ends by END (seconds from its start) where the budget is short.
+#   Ran r1-r3 on an H100 (r1 with END=470 KDA_S=150; r2 END=560; r3 END=570); the tables r2 built are the op's since
+#   (rebuilt on the CPU from the committed panels, byte for byte). r4 was not run: no device time was left. Its
+#   `BUNDLE=.gpu-r4` is .gpu-a less QuACK and the CUDA-toolkit flavour, with .gpu-b's FLA wheels (a cold host
+#   within 64 MiB beside the checkout)
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
