@@ -251,3 +251,27 @@ def test_twin_reads_gene_values_as_written_or_as_yaml():
         cli.gene_changes(bwd.space, ["rows_per_cta=true"])
     with pytest.raises(cli.ConfigError, match="'narrows' must be a gene of threads"):
         cli.gene_changes(bwd.space, ["narrows=true"])
+
+
+def test_twin_keep_leaves_each_original_as_a_tuning_candidate_of_the_dtypes_that_ran_it(capsys, monkeypatch, tmp_path):
+    """`twin --keep`: the rule runs the twins, and first-call tuning can still pick an original where it is faster
+    (two odd-width held-out rows of 2026-12-07 got slower when the twin replaced their genome)."""
+    from kernel_factory.problems.rmsnorm_bwd import problem as bwd
+    path = SHIPPED.parent / "rmsnorm_bwd.json"
+    before, table = dispatch.load(path), dispatch.load(path)
+    renamed = dispatch.twin(table, bwd, {"narrow": False}, keep=True)   # the shipped genomes are narrow=True
+    assert renamed and table["twinned"][-1] == {"changes": {"narrow": False}, "genomes": len(renamed), "kept": True}
+    for dtype, entry in before["dtypes"].items():
+        old = dispatch.op_table.chosen_genomes(entry)
+        now = table["dtypes"][dtype]
+        ran = [g for g in dict.fromkeys(old) if g in renamed]
+        assert ran and now["candidates"][-len(ran):] == ran           # the originals, after the twins' ids
+        assert set(dispatch.op_table.chosen_genomes(now)) == {renamed.get(g, g) for g in old} | set(ran)
+        assert all(g in table["genomes"] and renamed[g] in table["genomes"] for g in ran)
+    built = []
+    monkeypatch.setattr(dispatch, "build", lambda problem, t, folder: built.append(folder) or t)   # no NVRTC here
+    out = tmp_path / "rmsnorm_bwd.json"
+    assert cli.main(["twin", "--problem", "rmsnorm_bwd", "--set", "narrow=false", "--keep", "--table", str(path),
+                     "--out", str(out)]) == 0
+    assert "added, each original kept as a tuning candidate" in capsys.readouterr().out and built
+    assert json.loads(out.read_text())["twinned"][-1]["kept"] is True

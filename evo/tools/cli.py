@@ -205,12 +205,13 @@ def cmd_twin(args: argparse.Namespace) -> int:
     changes = gene_changes(problem.space, args.set)
     table_path = args.table or f"kernels/ops/{args.problem}.json"
     table = dispatch.load(table_path)
-    renamed = dispatch.twin(table, problem, changes)
+    renamed = dispatch.twin(table, problem, changes, keep=args.keep)
     out = Path(args.out or table_path)
     dispatch.build(problem, table, out.parent / dispatch.CUBIN_FOLDER)
     out.write_text(dispatch.dumps(table))
     print(export.summary(out, table))
-    print(f"twins ({', '.join(args.set)}): {len(renamed)} genomes replaced")
+    print(f"twins ({', '.join(args.set)}): {len(renamed)} genomes "
+          + ("added, each original kept as a tuning candidate" if args.keep else "replaced"))
     return 0
 
 

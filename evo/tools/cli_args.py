@@ -84,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
                      help="a gene value of every twin (repeatable), e.g. tail=peel")
     twi.add_argument("--table", help="the table to twin (default: kernels/ops/<problem>.json)")
     twi.add_argument("--out", help="the table to write (default: the --table itself)")
+    twi.add_argument("--keep", action="store_true",
+                     help="keep each replaced genome as a tuning candidate, so that first-call tuning can still pick "
+                          "it where it is faster than its twin")
     hel = sub.add_parser("heldout", help="bench a workload campaign's learned dispatch on its held-out shapes")
     hel.add_argument("campaign", help="the campaign folder (holds workload.json)")
     hel.add_argument("--from", dest="from_json", metavar="BENCH.json", help="re-render a recorded held-out bench")

@@ -202,11 +202,14 @@ def widen(table: dict[str, Any], panels: Mapping[str, bytes | Path],
     return added
 
 
-def twin(table: dict[str, Any], problem: Problem, changes: Mapping[str, Any]) -> dict[str, str]:
+def twin(table: dict[str, Any], problem: Problem, changes: Mapping[str, Any], keep: bool = False) -> dict[str, str]:
     """Replaces every genome the table runs by its twin with `changes` to its genes (e.g. tail=peel: a technique that
     leaves the kernel's other paths as they were), wherever the twin is feasible; the rule, exact widths, general
     genome and tuning candidates then name the twins, and the rule's recorded costs stay those measured for the
-    originals. A genome whose twin is infeasible stays. Returns {original id: twin id} (build() then compiles)."""
+    originals. A genome whose twin is infeasible stays. With `keep`, each replaced genome stays too, as a tuning
+    candidate of every dtype that ran it (kernels/tune.py times both on a shape's first call: a twin that is slower on
+    some shape then costs nothing there but the first call's timing). Returns {original id: twin id} (build() then
+    compiles)."""
     wrong = [f"{k}={v!r}" for k, v in changes.items()
              if k not in problem.space.names or v not in problem.space[k].choices]
     if wrong:
@@ -222,13 +225,18 @@ def twin(table: dict[str, Any], problem: Problem, changes: Mapping[str, Any]) ->
         renamed[gid] = twinned.id
         table["genomes"][twinned.id] = twinned.to_json()
     for dtype, entry in table.get("dtypes", {}).items():
+        ran = [g for g in dict.fromkeys(op_table.chosen_genomes(entry)) if g in renamed]
         text = json.dumps(entry)
         for old, new in renamed.items():   # ids are 16 hex digits: no id is a part of another's text
             text = text.replace(f'"{old}"', f'"{new}"')
         table["dtypes"][dtype] = json.loads(text)
-    for gid in renamed:
-        del table["genomes"][gid]
-    table.setdefault("twinned", []).append({"changes": dict(changes), "genomes": len(renamed)})
+        if keep:
+            table["dtypes"][dtype].setdefault("candidates", []).extend(ran)
+    if not keep:
+        for gid in renamed:
+            del table["genomes"][gid]
+    table.setdefault("twinned", []).append({"changes": dict(changes), "genomes": len(renamed),
+                                            **({"kept": True} if keep else {})})
     return renamed
 
 
