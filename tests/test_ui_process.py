@@ -73,8 +73,10 @@ def alive(pid: int) -> bool:
 def test_a_signal_stops_the_whole_server_tree(tmp_path, sig, code):
     pids_file, store, port = tmp_path / "pids", tmp_path / "mlflow.db", free_port()
     store.write_bytes(b"")
+    # SIGINT as a terminal gives it (a shell's background job inherits it ignored, and Python then leaves it so)
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, TREE, str(pids_file), str(store), str(port)],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     while not any("listening on" in line for line in seen):   # the command says so once the server listens
         seen.append(proc.stderr.readline())
