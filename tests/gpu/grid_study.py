@@ -16,9 +16,10 @@ Grids:
   the forward's campaigns holds a sub-warp genome; tests/gpu/latency_probe.py runs this grid beside the peers.
 - rmsnorm_bwd small-m (M of at most 1024): the one-launch and grouped small-M plans, sub-warp to four-warp rows,
   clusters that spread a row over 4 or 16 SMs, dw in registers or shared memory, the narrow path for widths that
-  are not a multiple of the vector. The shipped backward table holds no small-M plan and no sub-warp genome.
-- rmsnorm_bwd wide (rows of at least 16384 elements, where the shipped backward runs at 25 to 36% of the copy
-  bandwidth and QuACK about twice as fast, docs/results/workload/h100-shipped-bwd-2026-12-07): 512- and 1024-thread
+  are not a multiple of the vector. The backward table the campaign exported held no small-M plan and no sub-warp
+  genome; since 2026-12-07 the op's holds this grid's winners as candidates (kernels/ops/README.md).
+- rmsnorm_bwd wide (rows of at least 16384 elements, where the backward the campaign exported ran at 25 to 36% of
+  the copy bandwidth and QuACK about twice as fast, docs/results/workload/h100-shipped-bwd-2026-12-07): 512- and 1024-thread
   CTAs, one or two per SM, clusters of 1 to 16 CTAs per row with either cluster sum, 1 to 4 register vectors, dw in
   registers or shared memory, the next row's vectors loaded ahead or not, the peeled tail or not."""
 from __future__ import annotations
