@@ -302,6 +302,12 @@ class Kernels:
         """A launch of `kernel` on this call's tensors (with scratch buffers of its own), for tuning."""
         return runner(self._made(index, kernel, dtype, m, n, eps, tensors)[0], index, tensors)
 
+    def in_reach(self, dtype: str, m: int, n: int, rule: Kernel | None = None) -> dict[str, Kernel]:
+        """By genome id, every kernel a call of (dtype, M, N) may run: the rule's pick and each tuning candidate of the
+        dtype whose region holds the call (what first-call tuning times)."""
+        rule = rule or self.kernel(dtype, m, n)
+        return {rule.genome: rule, **{k.genome: k for k in self.table.kernels_of(dtype, m, n)}}
+
     def tuned(self, index: int, dtype: str, m: int, n: int, rule: Kernel,
               runner_of: Callable[[Kernel], Callable[[], None]],
               timer: Callable[..., Mapping[str, Any]] | None = None) -> tuple[Kernel, bool]:
@@ -320,7 +326,7 @@ class Kernels:
                 self._choices = tune.Choices(tune.cache_path(self.problem, self.table.sha256, cache_dir().parent
                                                              / "tuned"))
             where = tune.Choices.key(self._device_name(index), dtype, m, n)
-            kernels = {rule.genome: rule, **{k.genome: k for k in self.table.kernels_of(dtype, m, n)}}
+            kernels = self.in_reach(dtype, m, n, rule)
             gid = self._choices.get(where)
             if gid not in kernels:
                 if tune.capturing():

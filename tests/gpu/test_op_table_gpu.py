@@ -27,11 +27,6 @@ def rand(shape, dtype, seed):
     return (torch.randn(shape, generator=g, device="cuda") * scale).to(dtype)
 
 
-def candidates(kernels: runtime.Kernels, dtype: str, m: int, n: int) -> list:
-    rule = kernels.kernel(dtype, m, n)
-    return list({k.genome: k for k in (rule, *kernels.table.kernels_of(dtype, m, n))}.values())
-
-
 def run(kernels: runtime.Kernels, kernel, dtype: str, m: int, n: int, tensors: dict) -> None:
     index = torch.cuda.current_device()
     runtime._context(index)   # as the op's launch does before its first kernel on a thread
@@ -55,7 +50,7 @@ def test_every_forward_kernel_in_reach_is_right(x_dt):
         xd = x.double()
         rstd = torch.rsqrt(xd.square().mean(-1) + EPS)
         want = xd * rstd[:, None] * w.double()
-        for kernel in candidates(op.FWD, name, m, n):
+        for kernel in op.FWD.in_reach(name, m, n).values():
             y = torch.full_like(x, float("nan"))
             r = torch.full((m,), float("nan"), device="cuda")
             run(op.FWD, kernel, name, m, n, {"x": x, "w": w, "y": y, "rstd": r})
@@ -78,7 +73,7 @@ def test_every_backward_kernel_in_reach_is_right(x_dt):
         g = dy.double() * w.double()
         want_dx = (g - xh * (xh * g).mean(-1, keepdim=True)) * rstd.double()[:, None]
         want_dw = (dy.double() * xh).sum(0)
-        for kernel in candidates(op.BWD, name, m, n):
+        for kernel in op.BWD.in_reach(name, m, n).values():
             dx = torch.full_like(x, float("nan"))
             dw = torch.full((n,), float("nan"), device="cuda")
             run(op.BWD, kernel, name, m, n, {"x": x, "w": w, "dy": dy, "rstd": rstd, "dx": dx, "dw": dw})
