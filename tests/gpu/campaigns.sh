@@ -104,6 +104,15 @@
 #   (rebuilt on the CPU from the committed panels, byte for byte). r4 was not run: no device time was left. Its
 #   `BUNDLE=.gpu-r4` is .gpu-a less QuACK and the CUDA-toolkit flavour, with .gpu-b's FLA wheels (a cold host
 #   within 64 MiB beside the checkout)
+# 2026-12-07 (night), on an H200 at last: the GPU suite at one commit, KDA's chunked form against FLA, and both
+# tables as shipped (twinned and widened on an H100) against every peer (issues 27, 28, 29, 31), back to back; each
+# bundle of tests/gpu/bundles.sh fits its call beside the checkout:
+#   h1 (carry .gpu-a .int21): QuACK's first bundle, INT21 built in the background; every GPU test file but KDA's
+#   h2 (carry .gpu-b): QuACK's second bundle; KDA's GPU tests (both forms' gates, FLA's peer test), then the chunked
+#       form's default genome with and without tensor cores against FLA's chunk_kda on the benchmark workloads
+#   h3 (carry .gpu-c .int21): QuACK complete; the backward op as shipped on h200-bwd-workload-2's held-out shapes
+#       against every peer, then the forward's on h200-fwd-workload-5's (a cut bench goes on in h4)
+#   h4 (carry .int21): what h3's benches left (--go-on), then the 11 benchmark rows, every dtype, QuACK tuned
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -121,7 +130,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh h1|h2|h3|h4|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -289,6 +298,16 @@ shipped() {   # PART CAMPAIGN SECONDS [--go-on]: the op's shipped table on that 
   subject "$part" "$from"
   heldout "shipped-$part" "$secs" "$@"
 }
+kda_vs_fla() {   # the chunked form's default genome, with and without tensor cores, against FLA until END
+  local mma
+  for mma in mma_sync fma; do
+    [ $(( ${END:-585} - SECONDS )) -gt 40 ] || break
+    timeout $(( ${END:-585} - SECONDS - 10 )) kernel-factory bench --problem kda_fwd --shapes benchmark \
+      --genes "{\"form\": \"chunked\", \"mma\": \"$mma\"}" --baselines fla --reps 10 --out "$RES/kda-bench" \
+      --stem "chunked-$mma" > "$RES/kda-bench-$mma.log" 2>&1
+    echo "exit $?" >> "$RES/kda-bench-$mma.log"; tail -n 12 "$RES/kda-bench-$mma.log"; pack > /dev/null
+  done
+}
 case "$stage" in
 q1)
   first_call   # QuACK completes in q3
@@ -368,12 +387,40 @@ r4)
   setup "${BUNDLE:-.gpu-b}"   # FLA's wheels (a cold host: a bundle of .gpu-a less QuACK, and FLA)
   gpu_tests "${TESTS_S:-150}" tests/gpu/test_op_tune_gpu.py tests/gpu/test_op_table_gpu.py \
     tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_kda_fwd_gpu.py -k "not recurrent"
-  for mma in mma_sync fma; do   # the chunked form's default genome, with and without tensor cores, against FLA
-    [ $(( ${END:-585} - SECONDS )) -gt 40 ] || break
-    timeout $(( ${END:-585} - SECONDS - 10 )) kernel-factory bench --problem kda_fwd --shapes benchmark \
-      --genes "{\"form\": \"chunked\", \"mma\": \"$mma\"}" --baselines fla --reps 10 --out "$RES/kda-bench" \
-      --stem "chunked-$mma" > "$RES/kda-bench-$mma.log" 2>&1
-    echo "exit $?" >> "$RES/kda-bench-$mma.log"; tail -n 12 "$RES/kda-bench-$mma.log"; pack > /dev/null
+  kda_vs_fla
+  ;;
+h1)
+  first_call   # QuACK completes in h3
+  # every file but KDA's (h2), the op's and its tables' first
+  gpu_tests $(( ${END:-585} - SECONDS )) tests/gpu/test_op_table_gpu.py tests/gpu/test_op_tune_gpu.py \
+    tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_bwd_small_gpu.py \
+    tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py tests/gpu/test_rmsnorm_fwd_tail_gpu.py \
+    tests/gpu/test_rmsnorm_fwd_subwarp_gpu.py tests/gpu/test_rmsnorm_fwd_wide_gpu.py tests/gpu/test_gpu_evaluator.py \
+    tests/gpu/test_faults_gpu.py tests/gpu/test_bench_gpu.py tests/gpu/test_silu_mul_op_gpu.py
+  ;;
+h2)
+  export KF_PEERS=liger
+  setup .gpu-b
+  gpu_tests "${TESTS_S:-340}" tests/gpu/test_kda_fwd_gpu.py
+  kda_vs_fla
+  ;;
+h3)
+  setup .gpu-c
+  int21_wait 200 || exit 2
+  shipped bwd "$BWD" $(( ${END:-585} - SECONDS - 10 ))
+  [ $(( ${END:-585} - SECONDS )) -gt 60 ] && shipped fwd "$FWD" $(( ${END:-585} - SECONDS - 10 ))
+  ;;
+h4)
+  setup
+  grep -q "^held-out bwd fp32, op as shipped" /tmp/runs/shipped-bwd/heldout.md 2>/dev/null \
+    || shipped bwd "$BWD" $(( ${END:-585} - SECONDS - 10 )) --go-on
+  grep -q "^held-out fwd fp32, op as shipped" /tmp/runs/shipped-fwd/heldout.md 2>/dev/null \
+    || shipped fwd "$FWD" $(( ${END:-585} - SECONDS - 10 )) --go-on
+  for part in fwd bwd; do   # the 11 benchmark rows, the op as users call it, every peer (QuACK tuned among them)
+    [ $(( ${END:-585} - SECONDS )) -gt 60 ] || break
+    timeout $(( ${END:-585} - SECONDS - 10 )) kernel-factory bench --problem "rmsnorm_$part" --op \
+      --dtypes bfloat16,float16,float32 --reps 20 --out "$RES/bench" --stem "$part-rows" > "$RES/bench-$part.log" 2>&1
+    echo "exit $?" >> "$RES/bench-$part.log"; tail -n 16 "$RES/bench-$part.log"; pack > /dev/null
   done
   ;;
 pe1)
