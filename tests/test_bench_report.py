@@ -158,3 +158,25 @@ def test_on_a_row_with_any_short_launch_every_provider_is_captured_where_it_can_
     assert out["uncapturable"] == "uncapturable"
     estimates.update(ours=90.0, uncapturable=120.0)
     assert bench.graph_where_short(timer, {k: k for k in estimates}) == ({k: k for k in estimates}, set())
+
+
+def test_a_time_with_the_host_path_inside_or_spread_wide_is_marked_and_counted():
+    r = result()
+    flush = random.uniform(40.0, 80.0)
+    r["flush_us"] = flush
+    slow = r["rows"][1]["providers"]
+    slow["quack"].update(host_us=flush + random.uniform(1.0, 50.0), graph=False)   # the GPU waited on the host
+    slow[SUBJECT]["host_us"] = flush - 1.0   # enqueued within the flush: nothing leaks
+    slow["torch_eager"].update(iqr_us=0.5 * slow["torch_eager"]["us"])   # samples spread wide
+    md = bench_report.markdown(r)
+    row = next(l for l in md.splitlines() if l.startswith("| bfloat16:1024x4096"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "50.0"   # ours: no mark
+    assert "0.800 h" in row and "1.200 ~" in row
+    entries = sum(1 for x in r["rows"] for n, p in x["providers"].items() if "us" in p)
+    assert f"flush's {flush:.1f} µs" in md and f"1 of {entries} times; ~" in md
+    # a graph replay has no host path inside, whatever its host time
+    slow["quack"]["graph"] = True
+    assert "0.800 h" not in bench_report.markdown(r)
+    # a result from before the bench recorded host times has no marks and no legend
+    assert "Marks:" not in bench_report.markdown(result())

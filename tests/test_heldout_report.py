@@ -79,3 +79,21 @@ def test_heldout_command_rerenders_a_recorded_bench(tmp_path, capsys):
     assert "held-out fwd fp16: geomean 1.50x best peer over 1 shapes" in capsys.readouterr().out
     assert cli.main(["heldout", str(tmp_path / "nowhere")]) == cli.EXIT_BAD_INPUT
     assert "not a workload campaign folder" in capsys.readouterr().err
+
+
+def test_heldout_notes_the_times_a_ratio_stands_on_that_should_be_weighed():
+    from kernel_factory.evo.tools import heldout
+    flush = random.uniform(40.0, 80.0)
+    host = flush + random.uniform(5.0, 60.0)
+    rows = [_row("bfloat16", (22530, 768), 40.0, int21=39.0,
+                 factory_op={"us": 200.0, "iqr_us": 20.0, "host_us": host}),      # the op's host path inside
+            _row("bfloat16", (5018, 5120), 85.0, int21={"us": 60.0, "iqr_us": 30.0}),   # the peer's samples spread
+            _row("bfloat16", (64, 64), 4.0, int21={"us": 4.4, "iqr_us": 0.1, "host_us": host, "graph": True})]
+    result = {"format": "kernel-factory-bench/1", "flush_us": flush, "rows": rows}
+    lines, md = heldout.summarize(result, "rmsnorm_fwd")
+    assert "Rows with a time to weigh" in md and "bf16 2." in md
+    table = {line.split("|")[2].strip(): line for line in md.splitlines() if line.startswith("| bf16")}
+    assert f"factory_op 200.0 µs with its host path inside (host {host:.1f} µs a call, flush {flush:.1f} µs)" \
+        in table["22530x768"]
+    assert "int21 60.0 µs noisy (IQR 50% of it)" in table["5018x5120"]
+    assert "µs" not in table["64x64"].split("|")[7]   # a graph replay: its host time is outside the events

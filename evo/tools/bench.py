@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 import traceback
 from dataclasses import dataclass
@@ -159,7 +160,8 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
     import torch
     skip = skip or {}
     row: dict[str, Any] = {"case": case.key, "dtype": case.dtype, "shape": list(case.shape),
-                           "bytes": problem.bytes_moved(case), "providers": {}}
+                           "bytes": problem.bytes_moved(case), "providers": {},
+                           "host_load": round(os.getloadavg()[0], 2)}   # a busy host lengthens the host paths
     if "*" in skip:   # the row crashed where no one provider can be blamed (while timing): recorded, not timed
         row["crashed"] = skip["*"]
         return row
@@ -194,7 +196,8 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
                     gbps = row["bytes"] / (t.median_us * 1e-6) / 1e9
                     row["providers"][name] = {"us": t.median_us, "iqr_us": t.iqr_us, "gbps": gbps,
                                               "pct_copy": 100 * gbps / copy_gbps, "graph": name in graphed,
-                                              "reps": t.reps, **({"note": notes[name]} if name in notes else {})}
+                                              "reps": t.reps, "host_us": t.host_us,
+                                              **({"note": notes[name]} if name in notes else {})}
                 else:
                     row["providers"][name].setdefault("repeat_us", []).append(t.median_us)
     except Exception as exc:   # interleaved: which provider broke the context cannot be told apart
@@ -305,7 +308,7 @@ def session(graph_below_us: float) -> tuple[measure.Timer, Any, float, dict[str,
     before = measure.clocks()
     copy = measure.copy_bandwidth_gbps(timer)
     fp = measure.fingerprint({"clocks_before": before, "copy_gbps": f"{copy:.0f}", **op_tables()})
-    return timer, launcher.torch_stream(), copy, {"copy_gbps": copy, "fingerprint": fp}
+    return timer, launcher.torch_stream(), copy, {"copy_gbps": copy, "flush_us": timer.flush_us(), "fingerprint": fp}
 
 
 def op_tables() -> dict[str, str]:

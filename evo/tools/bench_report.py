@@ -99,6 +99,26 @@ def headline_note(result: Mapping[str, Any]) -> str:
     return " (" + "; ".join(f"{d}: {n or 'every peer'}" for d, n in notes.items()) + ")"
 
 
+def quality(result: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
+    """A time's marks beside its cell: h where part of the host path may be inside it, ~ where its samples spread."""
+    return (" h" if peers.host_inside(entry, result.get("flush_us")) else "") + (" ~" if peers.noisy(entry) else "")
+
+
+def quality_legend(result: Mapping[str, Any]) -> list[str]:
+    """What the h and ~ marks mean, and how many times carry them, where any does."""
+    entries = [p for r in result["rows"] for n, p in r["providers"].items() if n != COPY and "us" in p]
+    host = sum(peers.host_inside(p, result.get("flush_us")) for p in entries)
+    spread = sum(peers.noisy(p) for p in entries)
+    if not host and not spread:
+        return []
+    flush = result.get("flush_us")
+    host_part = (f"h, timed eagerly with a host time per call above the L2 flush's {flush:.1f} µs (the GPU waited on "
+                 f"the host inside the events: an upper bound that moves with the host's load), {host} of "
+                 f"{len(entries)} times" if flush else "h, not recorded (this bench kept no host times)")
+    return ["", f"Marks: {host_part}; ~, samples spread (IQR above {peers.NOISY_IQR:.0%} of the median), {spread} of "
+                f"{len(entries)}."]
+
+
 def markdown(result: Mapping[str, Any]) -> str:
     baselines = result["baselines"]
     fp = result["fingerprint"]
@@ -124,7 +144,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         mine = row["providers"].get(SUBJECT, {})
         best = best_peer(row, peer_set(result))
         copy = row["providers"].get(COPY, {}).get("us")
-        cells = [row["case"], fmt(mine.get("us"), ".1f") + (" g" if mine.get("graph") else ""),
+        cells = [row["case"], fmt(mine.get("us"), ".1f") + (" g" if mine.get("graph") else "") + quality(result, mine),
                  fmt(mine.get("gbps"), ".0f"), fmt(mine.get("pct_copy"), ".0f", "%"),
                  *([fmt(100 * copy / mine["us"] if copy and "us" in mine else None, ".0f", "%")] if row_copies
                    else []),
@@ -134,7 +154,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             r = ratio(row, p)
             err = row["providers"].get(p, {}).get("error")
             mark = (" g" if row["providers"].get(p, {}).get("graph") else "") + \
-                (" *" if row["providers"].get(p, {}).get("note") else "")
+                (" *" if row["providers"].get(p, {}).get("note") else "") + quality(result, row["providers"].get(p, {}))
             cells.append(fmt(r) + mark if r else "crashed" if err and peers.crashed(row["providers"][p]) else
                          ("n/a" if err and err.startswith("unavailable") else ("fails" if err else "-")))
         if "error" in mine:
@@ -159,6 +179,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     errors = [(row["case"], n, p["error"]) for row in result["rows"] for n, p in row["providers"].items() if "error" in p]
     if errors:
         lines += ["", "Providers without a time:"] + [f"- {c} {n}: {e[:160]}" for c, n, e in errors]
+    lines += quality_legend(result)
     if result.get("compared"):
         lines += bench_compare.section(result["compared"])
     return "\n".join(lines) + "\n"

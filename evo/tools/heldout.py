@@ -98,6 +98,13 @@ def summarize(result: Mapping[str, Any], problem: str) -> tuple[list[str], str]:
         said += (f" Not timed on held-out shapes, by the problem's declaration: {', '.join(tuned)} (it tunes itself "
                  f"at every new shape; it is timed on the benchmark rows).")
     cut = [f"**Partial**: {result['partial']}; only what was measured is here."] if result.get("partial") else []
+    weighed = {SHORT[d]: sum(1 for r in part["rows"] if r["dtype"] == d and timing_notes(
+        r, part.get("flush_us"), [bench.SUBJECT, row_ratio(r, peers.account(part, d, problem).ran)[1], peers.OWN_OP]))
+        for part in parts for d in peers.dtypes_of(part)}
+    weigh = []
+    if any(weighed.values()):
+        weigh = [f"Rows with a time to weigh (ours, the best peer's or the op's: its host path inside, or noisy; the "
+                f"notes say which): " + ", ".join(f"{d} {n}" for d, n in weighed.items()) + "."]
     md = "\n".join(["# Held-out validation", "", said, "", *cut, *([""] if cut else []), *[f"- `{f[1]}`" for f in found], "",
                     *(["The op as shipped (its committed table at the bench's date; from 2026-12-06 on, tuned on each "
                        "shape's first call) against the best peer, and the learned table against it, timed in the "
@@ -105,7 +112,8 @@ def summarize(result: Mapping[str, Any], problem: str) -> tuple[list[str], str]:
                       if shipped else []),
                     *(["Peers that did not run on every shape:", *details, ""] if details else []),
                     "| dtype | shape | ours µs | best peer | peer / ours | ours % copy | notes |",
-                    "|---|---|---|---|---|---|---|", *[row for f in found for row in f[4]]]) + "\n"
+                    "|---|---|---|---|---|---|---|", *[row for f in found for row in f[4]],
+                    *([""] if weigh else []), *weigh]) + "\n"
     return [f[1] for f in found] + shipped, md
 
 
@@ -120,6 +128,7 @@ def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: 
         if ratio is not None:
             ratios.append((ratio, shape))
         mine = r["providers"].get(bench.SUBJECT, {})
+        notes += timing_notes(r, part.get("flush_us"), [bench.SUBJECT, peer, peers.OWN_OP])
         table.append(f"| {SHORT[dtype]} | {shape} | {_fmt(mine.get('us'))} | {peer or '-'} | "
                      f"{_fmt(ratio, '.3f')} | {_fmt(mine.get('pct_copy'), '.0f')} | "
                      f"{'; '.join(notes) or mine.get('error', '') or r.get('crashed', '')} |")
@@ -131,6 +140,23 @@ def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: 
     worst = min(ratios)
     return (f"held-out {part_name(problem)} {SHORT[dtype]}{who}: geomean {geo:.2f}x best peer over {len(ratios)} "
             f"shapes{note}, worst {worst[0]:.2f}x at {worst[1]}")
+
+
+def timing_notes(row: Mapping[str, Any], flush_us: float | None, names: Sequence[str]) -> list[str]:
+    """Notes on the times a row's ratios stand on (ours, the best peer's, the op's) that a reader should weigh: part
+    of the host path inside the time, or samples spread wide."""
+    out = []
+    for name in dict.fromkeys(n for n in names if n):
+        entry = row["providers"].get(name, {})
+        if "us" not in entry:
+            continue
+        who = "ours" if name == bench.SUBJECT else name
+        if peers.host_inside(entry, flush_us):
+            out.append(f"{who} {entry['us']:.1f} µs with its host path inside (host {entry['host_us']:.1f} µs a "
+                       f"call, flush {flush_us:.1f} µs)")
+        if peers.noisy(entry):
+            out.append(f"{who} {entry['us']:.1f} µs noisy (IQR {100 * entry['iqr_us'] / entry['us']:.0f}% of it)")
+    return out
 
 
 def op_line(part: Mapping[str, Any], dtype: str, problem: str) -> str | None:

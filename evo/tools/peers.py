@@ -148,6 +148,23 @@ def comparable(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> bool:
     return not (ours.get("graph") and not peer.get("graph") and peer["us"] >= ours["us"])
 
 
+def host_inside(entry: Mapping[str, Any], flush_us: float | None) -> bool:
+    """Whether part of a provider's host path may be inside its time: timed eagerly, its host time per call (the
+    bench records it from 2026-12-07 on) was longer than the L2 flush that the GPU runs while the host enqueues the
+    call, so the GPU waited on the host between the events. Such a time is an upper bound of the kernel's, and it
+    moves with the host's load (a busy CPU, a compile beside it)."""
+    host = entry.get("host_us")
+    return bool(flush_us) and host is not None and not entry.get("graph") and host > flush_us
+
+
+NOISY_IQR = 0.25   # a time whose samples' IQR is above this share of its median is marked noisy in the reports
+
+
+def noisy(entry: Mapping[str, Any]) -> bool:
+    us, iqr = entry.get("us"), entry.get("iqr_us")
+    return bool(us) and iqr is not None and iqr > NOISY_IQR * us
+
+
 def crashed(entry: Mapping[str, Any]) -> bool:
     return bool(entry.get("crashed")) or str(entry.get("error", "")).startswith("crashed")
 

@@ -210,9 +210,20 @@ campaign() {   # CONFIG NAME SECONDS [overrides...]
     > "$RES/$name.log" 2>&1; echo "exit $?" >> "$RES/$name.log"; grep -v "^gen\|^  " "$RES/$name.log" | tail -n 12
   keep "$name"
 }
+quiet_host() {   # STEP: before it times anything, what else the host runs (logged into $RES/host-STEP.txt), and
+  # the leftovers of an earlier call's step stopped: on 2026-12-07 an H200 bench right after two steps cut by their
+  # limits (a KDA gate test, a live run) timed the torch-side providers at 2 to 5 times their H100 times on some rows,
+  # its own kernels and INT21 not (the host paths of the others lengthened, or a GPU shared: not told apart then)
+  { date; uptime; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+    ps -eo pid,pcpu,etime,args --sort=-pcpu | head -n 12; } > "$RES/host-$1.txt" 2>&1
+  pkill -f "python3 -m pytest" ; pkill -f "multiprocessing.spawn" ; pkill -f "bin/kernel-factory"
+  sleep 1
+  return 0
+}
 heldout() {   # NAME SECONDS [--go-on]: a campaign's held-out bench, against every peer and the op as shipped
   local name="$1" secs="$2"; shift 2
   [ -f "/tmp/runs/$name/kernels/dispatch.json" ] || { echo "heldout $name: no learned table"; return 0; }
+  quiet_host "heldout-$name"
   echo "heldout $name $*: $secs s from $SECONDS s"
   timeout "$secs" kernel-factory heldout "/tmp/runs/$name" "$@" > "$RES/heldout-$name.log" 2>&1
   echo "exit $?" >> "$RES/heldout-$name.log"; tail -n 8 "$RES/heldout-$name.log"
@@ -220,6 +231,7 @@ heldout() {   # NAME SECONDS [--go-on]: a campaign's held-out bench, against eve
 }
 gpu_tests() {   # SECONDS PYTEST ARGS...: tests/gpu/run.sh, its log and junit into $RES
   local secs="$1"; shift
+  quiet_host gpu-tests
   # -vv: each test's name and outcome as it ends (run.sh's -q leaves one level), so a run cut by its limit still
   # names its failures (the 2026-12-03 suite was cut before pytest's summary)
   OUT="$RES/gpu-tests" timeout "$secs" bash tests/gpu/run.sh -vv --durations=20 "$@" > "$RES/gpu-tests.log" 2>&1
