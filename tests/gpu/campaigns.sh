@@ -113,6 +113,10 @@
 #   h3 (carry .gpu-c .int21): QuACK complete; the backward op as shipped on h200-bwd-workload-2's held-out shapes
 #       against every peer, then the forward's on h200-fwd-workload-5's (a cut bench goes on in h4)
 #   h4 (carry .int21): what h3's benches left (--go-on), then the 11 benchmark rows, every dtype, QuACK tuned
+#   Ran h1-h3 on an H200 (h1 END=540, h2 END=470 TESTS_S=320, h3 END=580); h2 first failed to start: the checkout
+#   and .gpu-b were over 64 MiB counted on disk. bundles.sh now counts on disk and splits the large wheel into as many
+#   parts as the checkout leaves room for (three since): carry each middle folder in a call of its own between b
+#   and c (`bash tests/gpu/campaigns.sh bundle .gpu-b2`, seconds).
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -130,7 +134,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh h1|h2|h3|h4|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh bundle FOLDER|h1|h2|h3|h4|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -400,6 +404,10 @@ r4)
   gpu_tests "${TESTS_S:-150}" tests/gpu/test_op_tune_gpu.py tests/gpu/test_op_table_gpu.py \
     tests/gpu/test_rmsnorm_op_gpu.py tests/gpu/test_kda_fwd_gpu.py -k "not recurrent"
   kda_vs_fla
+  ;;
+bundle)   # a middle bundle of tests/gpu/bundles.sh (.gpu-b2, ...: a part of the large wheel), staged in seconds
+  export KF_PEERS=liger
+  setup "${2:?usage: campaigns.sh bundle FOLDER}"
   ;;
 h1)
   first_call   # QuACK completes in h3
