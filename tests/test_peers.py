@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FWD = str(ROOT / "kernels/ops/rmsnorm_fwd.json")
 CTK = "No CTK flavor installed: expected one or more of _cutlass_ir.cu{N}.so"
 CRASH = "crashed: AcceleratorError: CUDA error: an illegal memory access was encountered"
+FLUSH_US = random.uniform(40.0, 80.0)   # the L2 flush's GPU time the stand-in timing process reports
 
 
 @pytest.fixture
@@ -57,7 +58,8 @@ def timing_stand_in(monkeypatch, crash: dict[str, str] | None = None, dead: str 
 
     def spawn(job, target):
         jobs.append(json.loads(json.dumps(job)))
-        yield ("start", {"copy_gbps": 4000.0, "fingerprint": {"gpu": "TEST GPU", "date": "2026-12-03"}})
+        yield ("start", {"copy_gbps": 4000.0, "flush_us": FLUSH_US,
+                         "fingerprint": {"gpu": "TEST GPU", "date": "2026-12-03"}})
         for key in job["cases"]:
             skip = job["skip"].get(key, {})
             if crash and crash.get(key) and crash[key] not in skip:
@@ -112,6 +114,7 @@ def test_without_is_in_the_headline_and_the_json(fake_peers, monkeypatch, tmp_pa
     (job,) = jobs
     assert job["baselines"] == ["int21", "liger", "torch_eager", "torch_compile"]
     result = json.loads((out / "bench.json").read_text())
+    assert result["flush_us"] == FLUSH_US   # the timing process's flush time reaches the result (host marks need it)
     # not the benchmark rows: QuACK's tuned entry point does not belong here, so only QuACK is left out
     assert result["without"] == {"quack": "left out (--without)"} and "quack_tuned" not in result["declared"]
     assert result["ran"] == {"bfloat16": ["int21", "liger", "torch_eager", "torch_compile"]}

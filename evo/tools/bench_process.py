@@ -75,7 +75,8 @@ def measure(job: Mapping[str, Any], head: Mapping[str, Any], target: Target,
     def result() -> dict[str, Any]:
         fp = {**info.get("fingerprint", {}), **({"clocks_after": info["clocks_after"]} if "clocks_after" in info
                                                 else {})}
-        out = {**head, "copy_gbps": info.get("copy_gbps"), "wall_s": time.perf_counter() - started,
+        out = {**head, "copy_gbps": info.get("copy_gbps"), "flush_us": info.get("flush_us"),
+               "wall_s": time.perf_counter() - started,
                "fingerprint": fp, "rows": list(rows)}
         if restarts:
             out["restarts"] = list(restarts)
