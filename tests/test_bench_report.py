@@ -180,3 +180,7 @@ def test_a_time_with_the_host_path_inside_or_spread_wide_is_marked_and_counted()
     assert "0.800 h" not in bench_report.markdown(r)
     # a result from before the bench recorded host times has no marks and no legend
     assert "Marks:" not in bench_report.markdown(result())
+    # a row timed while the allocator had to free its cache and retry is named under the legend
+    r["rows"][2].update(alloc_retries=7, gpu_free_gib=0.8)
+    assert "- bfloat16:1024x8192: the allocator retried 7 cudaMalloc(s) while timing (0.8 GiB free at the start)" \
+        in bench_report.markdown(r)

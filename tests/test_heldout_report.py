@@ -88,10 +88,14 @@ def test_heldout_notes_the_times_a_ratio_stands_on_that_should_be_weighed():
     rows = [_row("bfloat16", (22530, 768), 40.0, int21=39.0,
                  factory_op={"us": 200.0, "iqr_us": 20.0, "host_us": host}),      # the op's host path inside
             _row("bfloat16", (5018, 5120), 85.0, int21={"us": 60.0, "iqr_us": 30.0}),   # the peer's samples spread
-            _row("bfloat16", (64, 64), 4.0, int21={"us": 4.4, "iqr_us": 0.1, "host_us": host, "graph": True})]
+            _row("bfloat16", (64, 64), 4.0, int21={"us": 4.4, "iqr_us": 0.1, "host_us": host, "graph": True}),
+            _row("bfloat16", (3391, 8192), 74.0, int21=56.0, factory_op=158.0)]
+    retries = random.randint(1, 400)
+    rows[-1].update(alloc_retries=retries, gpu_free_gib=1.5)   # another process held the GPU's memory
     result = {"format": "kernel-factory-bench/1", "flush_us": flush, "rows": rows}
     lines, md = heldout.summarize(result, "rmsnorm_fwd")
-    assert "Rows with a time to weigh" in md and "bf16 2." in md
+    assert "Rows with a time to weigh" in md and "bf16 3." in md
+    assert f"the allocator retried {retries} cudaMalloc(s) while timing (1.5 GiB free at the start)" in md
     table = {line.split("|")[2].strip(): line for line in md.splitlines() if line.startswith("| bf16")}
     assert f"factory_op 200.0 µs with its host path inside (host {host:.1f} µs a call, flush {flush:.1f} µs)" \
         in table["22530x768"]

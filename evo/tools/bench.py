@@ -187,6 +187,9 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
             notes[name] = why
         ready[name] = fn
     ready[COPY] = row_copy(row["bytes"])
+    free, _ = torch.cuda.mem_get_info()
+    row["gpu_free_gib"] = round(free / 2**30, 2)   # what this process and any other leave free as timing starts
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     try:
         timed, graphed = graph_where_short(timer, ready)
         for rep in range(max(1, repeat) if SUBJECT in timed else 1):
@@ -205,6 +208,9 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
         if why.startswith("crashed"):
             raise Crashed(case.key, "*", why) from None
         raise
+    # a cudaMalloc that failed and was retried after freeing the cache (GPU memory short): each one synchronizes,
+    # and the providers that allocate per call pay it inside their times
+    row["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries
     del inputs
     torch.cuda.empty_cache()
     return row

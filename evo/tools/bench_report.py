@@ -109,14 +109,17 @@ def quality_legend(result: Mapping[str, Any]) -> list[str]:
     entries = [p for r in result["rows"] for n, p in r["providers"].items() if n != COPY and "us" in p]
     host = sum(peers.host_inside(p, result.get("flush_us")) for p in entries)
     spread = sum(peers.noisy(p) for p in entries)
-    if not host and not spread:
+    short = [f"{r['case']}: {peers.memory_short(r)}" for r in result["rows"] if peers.memory_short(r)]
+    if not host and not spread and not short:
         return []
     flush = result.get("flush_us")
     host_part = (f"h, timed eagerly with a host time per call above the L2 flush's {flush:.1f} µs (the GPU waited on "
                  f"the host inside the events: an upper bound that moves with the host's load), {host} of "
                  f"{len(entries)} times" if flush else "h, not recorded (this bench kept no host times)")
     return ["", f"Marks: {host_part}; ~, samples spread (IQR above {peers.NOISY_IQR:.0%} of the median), {spread} of "
-                f"{len(entries)}."]
+                f"{len(entries)}.", *([f"GPU memory short while timing, on {len(short)} rows (the providers that "
+                                       f"allocate per call pay for each retry):", *[f"- {s}" for s in short]]
+                                     if short else [])]
 
 
 def markdown(result: Mapping[str, Any]) -> str:

@@ -103,8 +103,8 @@ def summarize(result: Mapping[str, Any], problem: str) -> tuple[list[str], str]:
         for part in parts for d in peers.dtypes_of(part)}
     weigh = []
     if any(weighed.values()):
-        weigh = [f"Rows with a time to weigh (ours, the best peer's or the op's: its host path inside, or noisy; the "
-                f"notes say which): " + ", ".join(f"{d} {n}" for d, n in weighed.items()) + "."]
+        weigh = [f"Rows with a time to weigh (ours, the best peer's or the op's: its host path inside, noisy, or GPU "
+                f"memory short; the notes say which): " + ", ".join(f"{d} {n}" for d, n in weighed.items()) + "."]
     md = "\n".join(["# Held-out validation", "", said, "", *cut, *([""] if cut else []), *[f"- `{f[1]}`" for f in found], "",
                     *(["The op as shipped (its committed table at the bench's date; from 2026-12-06 on, tuned on each "
                        "shape's first call) against the best peer, and the learned table against it, timed in the "
@@ -144,8 +144,8 @@ def headline(part: Mapping[str, Any], dtype: str, acct: peers.Account, problem: 
 
 def timing_notes(row: Mapping[str, Any], flush_us: float | None, names: Sequence[str]) -> list[str]:
     """Notes on the times a row's ratios stand on (ours, the best peer's, the op's) that a reader should weigh: part
-    of the host path inside the time, or samples spread wide."""
-    out = []
+    of the host path inside the time, samples spread wide, or GPU memory short while the row was timed."""
+    out = [short] if (short := peers.memory_short(row)) else []
     for name in dict.fromkeys(n for n in names if n):
         entry = row["providers"].get(name, {})
         if "us" not in entry:

@@ -157,6 +157,15 @@ def host_inside(entry: Mapping[str, Any], flush_us: float | None) -> bool:
     return bool(flush_us) and host is not None and not entry.get("graph") and host > flush_us
 
 
+def memory_short(row: Mapping[str, Any]) -> str:
+    """Why a row's per-call allocations may be inside its times ('' if not): torch's allocator had to free its cache
+    and retry a cudaMalloc while the row was timed (the bench records it from 2026-12-07 on), so GPU memory was short,
+    another process holding it, say. Each retry synchronizes; the providers that allocate per call pay for it."""
+    n = row.get("alloc_retries") or 0
+    return (f"the allocator retried {n} cudaMalloc(s) while timing ({row.get('gpu_free_gib', 0):.1f} GiB free at "
+            f"the start)" if n > 0 else "")
+
+
 NOISY_IQR = 0.25   # a time whose samples' IQR is above this share of its median is marked noisy in the reports
 
 
