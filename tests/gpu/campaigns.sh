@@ -111,12 +111,22 @@
 #   h2 (carry .gpu-b): QuACK's second bundle; KDA's GPU tests (both forms' gates, FLA's peer test), then the chunked
 #       form's default genome with and without tensor cores against FLA's chunk_kda on the benchmark workloads
 #   h3 (carry .gpu-c .int21): QuACK complete; the backward op as shipped on h200-bwd-workload-2's held-out shapes
-#       against every peer, then the forward's on h200-fwd-workload-5's (a cut bench goes on in h4)
-#   h4 (carry .int21): what h3's benches left (--go-on), then the 11 benchmark rows, every dtype, QuACK tuned
+#       against every peer, then the forward's on h200-fwd-workload-5's (h3 ended in the backward; n5 goes on)
 #   Ran h1-h3 on an H200 (h1 END=540, h2 END=470 TESTS_S=320, h3 END=580); h2 first failed to start: the checkout
 #   and .gpu-b were over 64 MiB counted on disk. bundles.sh now counts on disk and splits the large wheel into as many
 #   parts as the checkout leaves room for (three since): carry each middle folder in a call of its own between b
 #   and c (`bash tests/gpu/campaigns.sh bundle .gpu-b2`, seconds).
+# Next session (written 2026-12-07 night), on an H200, back to back; bundles.sh makes four folders now (.gpu-b2
+# between b and c):
+#   n1 (carry .gpu-a .int21): QuACK's first part, INT21 built in the background; what h1 left of the GPU suite (the
+#       evaluator's, faults', bench's and SiLU-mul's files), then KDA's chunked gate (FLA's wheels came with .gpu-a)
+#   n2 (carry .gpu-b): the large wheel's first part; KDA's chunked form, with and without tensor cores, against FLA
+#   n3 (carry .gpu-b2): its middle part (`bundle .gpu-b2`, seconds)
+#   n4 (carry .gpu-c .int21): QuACK complete; the backward op as shipped on h200-bwd-workload-2's held-out shapes
+#       against every peer again, whole, with the bench's new records (host time per call, the host's load, GPU memory
+#       free and the allocator's retries) on a host cleared of earlier steps
+#   n5 (carry .int21): what n4 left (--go-on), then the forward op as shipped on h200-fwd-workload-5's held-out shapes
+#   n6 (carry .int21): what n5 left of the forward (--go-on), then the 11 benchmark rows, every dtype, QuACK tuned
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -134,7 +144,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh bundle FOLDER|h1|h2|h3|h4|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh bundle FOLDER|n1|n2|n4|n5|n6|h1|h2|h3|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -409,6 +419,43 @@ bundle)   # a middle bundle of tests/gpu/bundles.sh (.gpu-b2, ...: a part of the
   export KF_PEERS=liger
   setup "${2:?usage: campaigns.sh bundle FOLDER}"
   ;;
+n1)
+  first_call   # QuACK completes in n4
+  gpu_tests $(( ${END:-585} - SECONDS - ${KDA_S:-120} )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py \
+    tests/gpu/test_bench_gpu.py tests/gpu/test_silu_mul_op_gpu.py
+  mv "$RES/gpu-tests.log" "$RES/gpu-tests-rest.log"
+  gpu_tests $(( ${END:-585} - SECONDS )) tests/gpu/test_kda_fwd_gpu.py -k chunked
+  ;;
+n2)
+  export KF_PEERS=liger
+  setup .gpu-b
+  quiet_host kda
+  kda_vs_fla
+  ;;
+n4)
+  setup .gpu-c
+  int21_wait 200 || exit 2
+  shipped bwd "$BWD" $(( ${END:-585} - SECONDS - 10 ))
+  ;;
+n5|n6)
+  setup
+  h200 || { echo "$stage: not an H200; its times must not join the H200 benches"; exit 2; }
+  # --go-on times only the cases a bench lacks (none: it returns at once)
+  [ -f /tmp/runs/shipped-bwd/heldout-bench.json ] && shipped bwd "$BWD" $(( ${END:-585} - SECONDS - 10 )) --go-on
+  if [ -f /tmp/runs/shipped-fwd/heldout-bench.json ]; then
+    shipped fwd "$FWD" $(( ${END:-585} - SECONDS - 10 )) --go-on
+  elif [ $(( ${END:-585} - SECONDS )) -gt 60 ]; then
+    shipped fwd "$FWD" $(( ${END:-585} - SECONDS - 10 ))
+  fi
+  if [ "$stage" = n6 ]; then
+    for part in fwd bwd; do   # the 11 benchmark rows, the op as users call it, every peer (QuACK tuned among them)
+      [ $(( ${END:-585} - SECONDS )) -gt 60 ] || break
+      timeout $(( ${END:-585} - SECONDS - 10 )) kernel-factory bench --problem "rmsnorm_$part" --op \
+        --dtypes bfloat16,float16,float32 --reps 20 --out "$RES/bench" --stem "$part-rows" > "$RES/bench-$part.log" 2>&1
+      echo "exit $?" >> "$RES/bench-$part.log"; tail -n 16 "$RES/bench-$part.log"; pack > /dev/null
+    done
+  fi
+  ;;
 h1)
   first_call   # QuACK completes in h3
   # every file but KDA's (h2), the op's and its tables' first
@@ -429,19 +476,6 @@ h3)
   int21_wait 200 || exit 2
   shipped bwd "$BWD" $(( ${END:-585} - SECONDS - 10 ))
   [ $(( ${END:-585} - SECONDS )) -gt 60 ] && shipped fwd "$FWD" $(( ${END:-585} - SECONDS - 10 ))
-  ;;
-h4)
-  setup
-  grep -q "^held-out bwd fp32, op as shipped" /tmp/runs/shipped-bwd/heldout.md 2>/dev/null \
-    || shipped bwd "$BWD" $(( ${END:-585} - SECONDS - 10 )) --go-on
-  grep -q "^held-out fwd fp32, op as shipped" /tmp/runs/shipped-fwd/heldout.md 2>/dev/null \
-    || shipped fwd "$FWD" $(( ${END:-585} - SECONDS - 10 )) --go-on
-  for part in fwd bwd; do   # the 11 benchmark rows, the op as users call it, every peer (QuACK tuned among them)
-    [ $(( ${END:-585} - SECONDS )) -gt 60 ] || break
-    timeout $(( ${END:-585} - SECONDS - 10 )) kernel-factory bench --problem "rmsnorm_$part" --op \
-      --dtypes bfloat16,float16,float32 --reps 20 --out "$RES/bench" --stem "$part-rows" > "$RES/bench-$part.log" 2>&1
-    echo "exit $?" >> "$RES/bench-$part.log"; tail -n 16 "$RES/bench-$part.log"; pack > /dev/null
-  done
   ;;
 pe1)
   first_call   # QuACK completes in pe3
