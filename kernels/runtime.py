@@ -187,11 +187,29 @@ class Launcher:
                     raise LaunchError(f"cuLaunchKernelEx failed: {driver.CUresult(err).name}")
 
 
+_EVERY: list["Kernels"] = []   # every Kernels made in this process, for picks()
+
+
+def picks(dtype: str, m: int, n: int) -> dict[str, dict[str, str]]:
+    """What this process's ops ran for (dtype, M, N) so far, per problem: the genome first-call tuning kept
+    ('kernel', on any device) and the table rule's own pick ('rule'), so that a bench can say which kernel the op's
+    time is."""
+    out = {}
+    for kernels in list(_EVERY):
+        tuned = [k for (_, d, mm, nn), k in list(kernels._tuned.items()) if (d, mm, nn) == (dtype, m, n)]
+        rule = kernels._chosen.get((dtype, m, n))
+        if tuned or rule is not None:
+            out[kernels.problem] = {**({"kernel": tuned[0].genome} if tuned else {}),
+                                    **({"rule": rule.genome} if rule is not None else {})}
+    return out
+
+
 class Kernels:
     """One problem's exported kernels as the op runs them: the table read lazily, a module per (cubin, device), a
     Launcher per (device, dtype, M, N, alignments)."""
 
     def __init__(self, problem: str, table_path: str | Path | None = None):
+        _EVERY.append(self)
         self.problem = problem
         self.table_path = Path(table_path) if table_path else OPS_DIR / f"{problem}.json"
         self._table: Table | None = None

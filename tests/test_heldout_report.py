@@ -90,14 +90,18 @@ def test_heldout_notes_the_times_a_ratio_stands_on_that_should_be_weighed():
             _row("bfloat16", (5018, 5120), 85.0, int21={"us": 60.0, "iqr_us": 30.0}),   # the peer's samples spread
             _row("bfloat16", (64, 64), 4.0, int21={"us": 4.4, "iqr_us": 0.1, "host_us": host, "graph": True}),
             _row("bfloat16", (3391, 8192), 74.0, int21=56.0, factory_op=158.0)]
+    rows.append(_row("float32", (9659, 2048), 69.0, int21=71.0, factory_op={"us": 136.0, "kernels": {
+        "kernel": "c1a55e4", "rule": "0e1a9b2"}}))   # the op's tuning kept another kernel, slower than the rule's
     retries = random.randint(1, 400)
-    rows[-1].update(alloc_retries=retries, gpu_free_gib=1.5)   # another process held the GPU's memory
+    rows[3].update(alloc_retries=retries, gpu_free_gib=1.5)   # another process held the GPU's memory
     result = {"format": "kernel-factory-bench/1", "flush_us": flush, "rows": rows}
     lines, md = heldout.summarize(result, "rmsnorm_fwd")
-    assert "Rows with a time to weigh" in md and "bf16 3." in md
+    assert "Rows with a time to weigh" in md and "bf16 3, fp32 1." in md
     assert f"the allocator retried {retries} cudaMalloc(s) while timing (1.5 GiB free at the start)" in md
     table = {line.split("|")[2].strip(): line for line in md.splitlines() if line.startswith("| bf16")}
     assert f"factory_op 200.0 µs with its host path inside (host {host:.1f} µs a call, flush {flush:.1f} µs)" \
         in table["22530x768"]
     assert "int21 60.0 µs noisy (IQR 50% of it)" in table["5018x5120"]
     assert "µs" not in table["64x64"].split("|")[7]   # a graph replay: its host time is outside the events
+    fp32 = next(line for line in md.splitlines() if line.startswith("| fp32 | 9659x2048"))
+    assert "the op's tuning kept c1a55e4, not the rule's 0e1a9b2, and ran 1.97x the table's time" in fp32

@@ -123,6 +123,10 @@ def test_tuning_times_every_kernel_of_the_dtype_and_keeps_the_fastest(kernels, t
     files = list(tmp_path.glob("rmsnorm_fwd-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["picks"] == {f"Fake GPU|{dtype}|{m}|{n}": winner}
 
+    # what a bench reads to say which kernel the op's time is: the kept pick beside the rule's, this shape only
+    assert runtime.picks(dtype, m, n)["rmsnorm_fwd"] == {"kernel": winner, "rule": rule.genome}
+    assert "rmsnorm_fwd" not in runtime.picks(dtype, m + 1, n)
+
     def no_timer(launches, device):
         raise AssertionError("a shape tuned before is not timed again")
     assert k.tuned(0, dtype, m, n, rule, lambda kern: None, no_timer)[0].genome == winner       # this process

@@ -211,6 +211,11 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
     # a cudaMalloc that failed and was retried after freeing the cache (GPU memory short): each one synchronizes,
     # and the providers that allocate per call pay it inside their times
     row["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries
+    if "us" in row["providers"].get(peers.OWN_OP, {}) and len(case.shape) == 2:
+        from ...kernels import runtime   # which kernel the op's time is: its tuned pick, and the table rule's
+        ran = runtime.picks(case.dtype, *case.shape).get(problem.name)
+        if ran:
+            row["providers"][peers.OWN_OP]["kernels"] = ran
     del inputs
     torch.cuda.empty_cache()
     return row

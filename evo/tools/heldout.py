@@ -103,8 +103,8 @@ def summarize(result: Mapping[str, Any], problem: str) -> tuple[list[str], str]:
         for part in parts for d in peers.dtypes_of(part)}
     weigh = []
     if any(weighed.values()):
-        weigh = [f"Rows with a time to weigh (ours, the best peer's or the op's: its host path inside, noisy, or GPU "
-                f"memory short; the notes say which): " + ", ".join(f"{d} {n}" for d, n in weighed.items()) + "."]
+        weigh = [f"Rows with a time to weigh (ours, the best peer's or the op's: its host path inside, noisy, GPU "
+                f"memory short, or the op's tuning keeping a slower kernel than the rule's; the notes say which): " + ", ".join(f"{d} {n}" for d, n in weighed.items()) + "."]
     md = "\n".join(["# Held-out validation", "", said, "", *cut, *([""] if cut else []), *[f"- `{f[1]}`" for f in found], "",
                     *(["The op as shipped (its committed table at the bench's date; from 2026-12-06 on, tuned on each "
                        "shape's first call) against the best peer, and the learned table against it, timed in the "
@@ -156,6 +156,11 @@ def timing_notes(row: Mapping[str, Any], flush_us: float | None, names: Sequence
                        f"call, flush {flush_us:.1f} µs)")
         if peers.noisy(entry):
             out.append(f"{who} {entry['us']:.1f} µs noisy (IQR {100 * entry['iqr_us'] / entry['us']:.0f}% of it)")
+    ran, ours = row["providers"].get(peers.OWN_OP, {}), row["providers"].get(bench.SUBJECT, {}).get("us")
+    picked = ran.get("kernels", {})
+    if picked.get("kernel") and picked.get("kernel") != picked.get("rule") and ours and ran.get("us", 0) > 1.1 * ours:
+        out.append(f"the op's tuning kept {picked['kernel']}, not the rule's {picked.get('rule', '?')}, and ran "
+                   f"{ran['us'] / ours:.2f}x the table's time")
     return out
 
 
