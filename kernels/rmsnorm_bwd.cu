@@ -9,6 +9,7 @@
 //                  CLUSTER > 1) loops over rows, ROWS_PER_CTA at once, and leaves fp32 dw partials in `partial`:
 //                  one row per slot (per slot and row group where they accumulate in global memory).
 //  rmsnorm_bwd_dw  sums the partial rows column by column into dw.
+// With small_m=cols and few rows, two others instead split the columns over the GPU (rmsnorm_bwd_cols.cuh).
 // No atomic is shared between threads and every sum has a fixed order: two launches give bitwise the same dx, dw.
 //
 // Layout: TPRC = CLUSTER * THREADS / ROWS_PER_CTA threads share a row (TPR below 32: sub-warp rows, 32 / TPR rows
@@ -69,6 +70,7 @@ static_assert(STAGES == 0 || (STAGES >= 2 && !PREFETCH), "a ring of 2 or more ro
 constexpr int RING_BYTES = STAGES * KV * 2 * THREADS * VEC_BYTES;
 
 #include "rmsnorm_bwd_device.cuh"
+#include "rmsnorm_bwd_cols.cuh"
 
 // ---- rmsnorm_bwd_dw: dw[c] = sum over p of partial[p, c] --------------------------------------------------------
 // A CTA covers qx runs of W columns (W = 4: float4 loads) with DW_THREADS / qx row lanes; lane l adds rows l,

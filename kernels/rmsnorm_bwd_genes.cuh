@@ -94,6 +94,7 @@
 #define SMALL_M_NONE 0
 #define SMALL_M_DIRECT 1
 #define SMALL_M_GROUPED 2
+#define SMALL_M_COLS 3
 #ifndef SMALL_M
 #define SMALL_M SMALL_M_NONE
 #endif

@@ -17,7 +17,7 @@ from ..evo.workload import Workload
 from ..kernels import templates
 from .rmsnorm_fwd import PEERS
 from .rmsnorm_bwd_plan import (  # noqa: F401  (re-exported: tests and tools read them here)
-    DIRECT_ROWS, DTYPE_BYTES, DW_THREADS, EPS, MAX_SMEM_PER_CTA, MAX_STATIC_SMEM, MIN_RING_THREADS_PER_SM,
+    COLS_CTAS, COLS_ROWS, COLS_THREADS, DIRECT_ROWS, DTYPE_BYTES, DW_THREADS, EPS, MAX_SMEM_PER_CTA, MAX_STATIC_SMEM, MIN_RING_THREADS_PER_SM,
     MAX_CTAS_PER_SM, MAX_ROWS_PER_CTA, MIN_THREADS_PER_SM, PLAN_DW_GLOBAL, PLAN_DW_SMEM, PLAN_DW_WARP,
     PLAN_NARROW, PLAN_PEEL, PLAN_VECTOR, RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS, SCRATCH_SPARE, SLOT_ROWS,
     SMEM_PER_SM, SMEM_SLACK, SMS, SUBWARP_TPR, THREADS_PER_SM, Plan, plan, recipe, register_limit, registers,
@@ -109,9 +109,11 @@ SPACE = GeneSpace(
              doc="rows whose N is no multiple of the vector: the narrow or one-element path | the vector path with a "
                  "peeled head and tail (one element at a time), the slots a multiple of the rows' alignment period "
                  "(rows_per_cta=1)"),
-        Gene("small_m", ("none", "direct", "grouped"), "none",
+        Gene("small_m", ("none", "direct", "grouped", "cols"), "none",
              doc="at M up to DIRECT_ROWS per CTA of a slot, one slot runs every row and writes dw itself (one launch, "
-                 "no partials) | that, and above it slots of SLOT_ROWS rows at least (fewer partial rows to sum)"),
+                 "no partials) | that, and above it slots of SLOT_ROWS rows at least (fewer partial rows to sum) | "
+                 "at M up to COLS_ROWS, two launches that split the columns over the GPU (rmsnorm_bwd_cols.cuh); "
+                 "above, the genome's own plan"),
     ),
     rule=_rule,
 )
@@ -199,7 +201,9 @@ class RmsNormBackward:
         m, n = case.shape
         return {"dx": torch.empty(m, n, dtype=getattr(torch, case.dtype), device=device),
                 "dw": torch.empty(n, dtype=torch.float32, device=device),
-                "dw_partial": torch.empty(scratch_rows(m, n), n, dtype=torch.float32, device=device)}
+                "dw_partial": torch.empty(scratch_rows(m, n), n, dtype=torch.float32, device=device),
+                # small_m=cols: each row's partial dot per CTA (its plan runs at M <= COLS_ROWS)
+                "dot": torch.empty(max(1, min(m, COLS_ROWS)), COLS_CTAS, dtype=torch.float32, device=device)}
 
     def reference(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """dx in fp32 and dw, computed a block of rows at a time: at 16384 x 131072 the whole-tensor fp32

@@ -49,6 +49,11 @@ RESIDENT_CLUSTERS = {4: 30, 8: 15, 16: 7}
 # a row (so up to 8 rows for one CTA, 128 for a cluster of 16). Grouped plans give a slot this many rows at least.
 DIRECT_ROWS = 8
 SLOT_ROWS = 4
+# small_m=cols (kernels/rmsnorm_bwd_cols.cuh): at M up to COLS_ROWS, up to COLS_CTAS CTAs of COLS_THREADS threads
+# split the columns of every row (at least a thread's worth of columns each).
+COLS_ROWS = 64
+COLS_THREADS = 256
+COLS_CTAS = 2 * SMS
 # Sub-warp rows: threads per row below a warp (rows_per_cta above threads / 32), a warp holding 32 / TPR rows. Their
 # global partials take a row per (slot, row group) only for the groups that start within M (partial rows 0 .. M-1
 # at most), so that rows_per_cta up to 64 fits the scratch of any N up to SCRATCH_BYTES / (4 * 64) = 1M elements.
@@ -171,6 +176,8 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
     if g["small_m"] == "none":
         return {"let": let, "buffers": {"dw_partial": {"dtype": "float32", "shape": ["scratch", "N"]}},
                 "steps": [main, reduce]}
+    if g["small_m"] == "cols":
+        return _cols(let, main, reduce)
     # One slot writes dw where its partial row would go. Not with partials in global memory at rows_per_cta > 1:
     # those take a row per row group, and dw has one.
     at = next(i for i, (name, _) in enumerate(let) if name == "slots")
@@ -182,6 +189,26 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
     # Scratch for exactly the partial rows written (none when the one slot writes dw: no step names it then).
     return {"let": let, "buffers": {"dw_partial": {"dtype": "float32", "shape": ["partial_rows", "N"]}},
             "steps": [alone, {**main, "when": ["not", "direct"]}, {**reduce, "when": ["not", "direct"]}]}
+
+
+def _cols(let: list, main: dict, reduce: dict) -> dict[str, Any]:
+    """small_m=cols: at M up to COLS_ROWS the two column-split kernels (rmsnorm_bwd_cols.cuh) on `ctas` CTAs, each
+    owning `chunk` columns of every row, with a scratch of M x ctas partial dots; above, the genome's own plan."""
+    let = [*let,
+           ["cols", ["le", "M", COLS_ROWS]],
+           ["ctas", ["max", 1, ["min", COLS_CTAS, ["cdiv", "N", COLS_THREADS]]]],
+           ["chunk", ["cdiv", "N", "ctas"]]]
+    inputs = [["ptr", "x"], ["ptr", "w"], ["ptr", "dy"]]
+    dot = {"kernel": "rmsnorm_bwd_cols_dot", "grid": "ctas", "block": COLS_THREADS, "when": "cols",
+           "args": [*inputs, ["ptr", "dot"], ["i32", "M"], ["i32", "N"], ["i32", "chunk"]]}
+    cols = {"kernel": "rmsnorm_bwd_cols", "grid": "ctas", "block": COLS_THREADS, "when": "cols",
+            "args": [*inputs, ["ptr", "rstd"], ["ptr", "dot"], ["ptr", "dx"], ["ptr", "dw"], ["i32", "M"],
+                     ["i32", "N"], ["i32", "chunk"]]}
+    # each buffer one element where its plan does not run (the op allocates every buffer a recipe names)
+    return {"let": let,
+            "buffers": {"dw_partial": {"dtype": "float32", "shape": [["if", "cols", 1, "scratch"], ["if", "cols", 1, "N"]]},
+                        "dot": {"dtype": "float32", "shape": [["if", "cols", "M", 1], ["if", "cols", "ctas", 1]]}},
+            "steps": [dot, cols, {**main, "when": ["not", "cols"]}, {**reduce, "when": ["not", "cols"]}]}
 
 
 def _peel_let(vec: int, resident: int) -> list:

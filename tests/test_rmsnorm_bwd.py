@@ -37,8 +37,9 @@ def test_registered_with_the_public_matrix():
 
 def test_space_is_tens_of_thousands_and_every_value_is_reachable():
     feasible = list(P.space.enumerate())
-    # small_m (a launch plan, one kernel) made it ~2.7x, narrow 2x, tail=peel (rows_per_cta=1 only) ~1.6x
-    assert 300 <= len(feasible) <= 1000000, len(feasible)
+    # small_m (a launch plan, one kernel) made it ~2.7x, narrow 2x, tail=peel (rows_per_cta=1 only) ~1.6x, and
+    # small_m=cols 4/3x (1.1 million)
+    assert 300 <= len(feasible) <= 1500000, len(feasible)
     for gene in P.space.genes:
         assert {g[gene.name] for g in feasible} == set(gene.choices), gene.name
     taken = {(k, genes(**kw)[k]) for kw in SPREAD for k in DEFAULT}
