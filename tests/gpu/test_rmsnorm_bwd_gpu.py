@@ -89,6 +89,9 @@ CORNERS = {
     "peel_narrow": dict(tail="peel", narrow=True),
     # at 64 registers with one 8-byte register vector (the op's general genome's twin)
     "peel_x2_vec8": dict(tail="peel", threads=512, reg_vecs=1, vec_bytes=8, load="plain", store="cs"),
+    # the column split at M <= 64 (kernels/rmsnorm_bwd_cols.cuh), the genome's own plan above
+    "cols": dict(small_m="cols"),
+    "cols_peel_cluster4": dict(small_m="cols", tail="peel", threads=512, cluster=4, ctas_per_sm=1, reg_vecs=2),
 }
 WIDE = [Case((32768, 1024), "bfloat16"), Case((16384, 131072), "float16"), Case((8192, 262144), "bfloat16")]
 TIMED = [Case((32768, 1024), "bfloat16"), Case((32768, 16384), "bfloat16"), Case((8192, 262144), "bfloat16"),
