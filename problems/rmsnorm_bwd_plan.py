@@ -206,7 +206,8 @@ def _cols(let: list, main: dict, reduce: dict) -> dict[str, Any]:
                      ["i32", "N"], ["i32", "chunk"]]}
     # each buffer one element where its plan does not run (the op allocates every buffer a recipe names)
     return {"let": let,
-            "buffers": {"dw_partial": {"dtype": "float32", "shape": [["if", "cols", 1, "scratch"], ["if", "cols", 1, "N"]]},
+            "buffers": {"dw_partial": {"dtype": "float32",
+                                       "shape": [["if", "cols", 1, "scratch"], ["if", "cols", 1, "N"]]},
                         "dot": {"dtype": "float32", "shape": [["if", "cols", "M", 1], ["if", "cols", "ctas", 1]]}},
             "steps": [dot, cols, {**main, "when": ["not", "cols"]}, {**reduce, "when": ["not", "cols"]}]}
 

@@ -3,8 +3,9 @@ GPU has: g++ builds the header's two kernels with a shim that runs each CTA as i
 CTAs one after another in the grid and order the problem's own launch gives, so that the recipe's wiring (which
 kernels, how many CTAs, each one's columns, the scratch of partial dots) and the kernels' indexing and reductions
 are exercised on fresh random inputs with poisoned outputs, and compared with the problem's reference. The shim
-makes __syncthreads a barrier of the whole CTA (the kernels call it CTA-uniformly); it does not model a GPU's memory ordering or time. Not covered here: fp16's conversions (the
-intrinsics'), NVRTC's build (tests/test_rmsnorm_bwd_sass.py compiles every genome kind) and the GPU gate."""
+makes __syncthreads a barrier of the whole CTA (the kernels call it CTA-uniformly); it does not model a GPU's memory
+ordering or time. Not covered here: fp16's conversions (the intrinsics'), NVRTC's build
+(tests/test_rmsnorm_bwd_sass.py compiles a cols genome in every dtype) and the GPU gate."""
 from __future__ import annotations
 
 import random
@@ -39,7 +40,9 @@ thread_local Dim3 threadIdx;
 Dim3 blockIdx, gridDim;
 std::barrier<>* g_cta;
 struct __nv_bfloat16 { uint16_t bits; };
-inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = uint32_t(h.bits) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+inline float __bfloat162float(__nv_bfloat16 h) {
+    uint32_t u = uint32_t(h.bits) << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
 inline __nv_bfloat16 __float2bfloat16(float f) {
     uint32_t u; std::memcpy(&u, &f, 4); u += 0x7fffu + ((u >> 16) & 1u); return {uint16_t(u >> 16)};
 }
