@@ -118,8 +118,10 @@
 #   and c (`bash tests/gpu/campaigns.sh bundle .gpu-b2`, seconds).
 # Next session (written 2026-12-07 night), on an H200, back to back; bundles.sh makes four folders now (.gpu-b2
 # between b and c):
-#   n1 (carry .gpu-a .int21): QuACK's first part, INT21 built in the background; what h1 left of the GPU suite (the
-#       evaluator's, faults', bench's and SiLU-mul's files), then KDA's chunked gate (FLA's wheels came with .gpu-a)
+#   n1 (carry .gpu-a .int21): QuACK's first part, INT21 built in the background; the backward's small_m=cols corners
+#       through the gate and the column split beside torch.compile on few-row, huge-width shapes; what h1 left of the
+#       GPU suite (the evaluator's, faults', bench's and SiLU-mul's files), then KDA's chunked gate (FLA's wheels came
+#       with .gpu-a)
 #   n2 (carry .gpu-b): the large wheel's first part; KDA's chunked form, with and without tensor cores, against FLA
 #   n3 (carry .gpu-b2): its middle part (`bundle .gpu-b2`, seconds)
 #   n4 (carry .gpu-c .int21): QuACK complete; the backward op as shipped on h200-bwd-workload-2's held-out shapes
@@ -421,6 +423,14 @@ bundle)   # a middle bundle of tests/gpu/bundles.sh (.gpu-b2, ...: a part of the
   ;;
 n1)
   first_call   # QuACK completes in n4
+  # the backward's small_m=cols corners through the gate, then the column split beside torch.compile on few-row,
+  # huge-width shapes (none a campaign's held-out one)
+  KF_BWD_GENOMES=cols gpu_tests 120 tests/gpu/test_rmsnorm_bwd_gpu.py -k every_genome
+  mv "$RES/gpu-tests.log" "$RES/gpu-tests-cols.log"
+  timeout 90 kernel-factory bench --problem rmsnorm_bwd --genes '{"small_m": "cols"}' --dtypes float16,float32 \
+    --shapes 3x250000,9x90000,40x120000,24x32768 --baselines torch_compile,torch_eager,factory_op --reps 20 \
+    --out "$RES/cols-bench" --stem cols > "$RES/cols-bench.log" 2>&1; echo "exit $?" >> "$RES/cols-bench.log"
+  tail -n 14 "$RES/cols-bench.log"; pack > /dev/null
   gpu_tests $(( ${END:-585} - SECONDS - ${KDA_S:-120} )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py \
     tests/gpu/test_bench_gpu.py tests/gpu/test_silu_mul_op_gpu.py
   mv "$RES/gpu-tests.log" "$RES/gpu-tests-rest.log"
