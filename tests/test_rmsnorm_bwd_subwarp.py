@@ -50,7 +50,7 @@ def test_rule_admits_every_sub_warp_width():
     assert widths == set(mod.SUBWARP_TPR) == {2, 4, 8, 16}
     feasible = [g for g in P.space.enumerate() if tpr(g) < 32]
     assert {tpr(g) for g in feasible} == widths and {int(g["threads"]) for g in feasible} == {128, 256, 512, 1024}
-    assert {g["small_m"] for g in feasible} == {"none", "direct", "grouped"} and {g["stages"] for g in feasible} > {0}
+    assert {g["small_m"] for g in feasible} == {"none", "direct", "grouped", "cols"} and {g["stages"] for g in feasible} > {0}
     assert all(g["reduce"] == "shfl" and g["cluster"] == 1 for g in feasible)
 
 
