@@ -118,10 +118,9 @@
 #   and c (`bash tests/gpu/campaigns.sh bundle .gpu-b2`, seconds).
 # Next session (written 2026-12-07 night), on an H200, back to back; bundles.sh makes four folders now (.gpu-b2
 # between b and c):
-#   n1 (carry .gpu-a .int21): QuACK's first part, INT21 built in the background; the backward's small_m=cols corners
-#       through the gate and the column split beside torch.compile on few-row, huge-width shapes; what h1 left of the
-#       GPU suite (the evaluator's, faults', bench's and SiLU-mul's files), then KDA's chunked gate (FLA's wheels came
-#       with .gpu-a)
+#   n1 (carry .gpu-a .int21): QuACK's first part, INT21 built in the background; the backward's three GPU files
+#       whole (the small_m=cols corners among the gate's), the column split beside torch.compile on few-row,
+#       huge-width shapes, then what h1 left of the GPU suite (the evaluator's, faults', bench's and SiLU-mul's files)
 #   n2 (carry .gpu-b): the large wheel's first part; KDA's chunked form, with and without tensor cores, against FLA
 #   n3 (carry .gpu-b2): its middle part (`bundle .gpu-b2`, seconds)
 #   n4 (carry .gpu-c .int21): QuACK complete; the backward op as shipped on h200-bwd-workload-2's held-out shapes
@@ -129,6 +128,7 @@
 #       free and the allocator's retries) on a host cleared of earlier steps
 #   n5 (carry .int21): what n4 left (--go-on), then the forward op as shipped on h200-fwd-workload-5's held-out shapes
 #   n6 (carry .int21): what n5 left of the forward (--go-on), then the 11 benchmark rows, every dtype, QuACK tuned
+#   n5 and n6 go on only on the card n1 named (an H100 lent for all six is one H100 set; mixed cards are refused)
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -284,7 +284,9 @@ first_call() {   # the first of three calls: the first bundle, INT21 built in th
   int21_build
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
     | tee "$RES/gpu.txt"
+  gpu_name > /tmp/kf-first-gpu
 }
+gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1; }
 SMALL_M=/tmp/small-m
 GRAFT=graft-fwd-small-m
 subject() {   # PART CAMPAIGN: a folder for that campaign's held-out shapes, the op's table (as it is now) its subject
@@ -423,18 +425,18 @@ bundle)   # a middle bundle of tests/gpu/bundles.sh (.gpu-b2, ...: a part of the
   ;;
 n1)
   first_call   # QuACK completes in n4
-  # the backward's small_m=cols corners through the gate, then the column split beside torch.compile on few-row,
-  # huge-width shapes (none a campaign's held-out one)
-  KF_BWD_GENOMES=cols gpu_tests 120 tests/gpu/test_rmsnorm_bwd_gpu.py -k every_genome
-  mv "$RES/gpu-tests.log" "$RES/gpu-tests-cols.log"
-  timeout 90 kernel-factory bench --problem rmsnorm_bwd --genes '{"small_m": "cols"}' --dtypes float16,float32 \
+  # the backward's three GPU files whole (the template gained the column split; its cols corners among the gate's),
+  # then the column split beside torch.compile on few-row, huge-width shapes (none a campaign's held-out one), then
+  # what h1 left of the GPU suite
+  gpu_tests 240 tests/gpu/test_rmsnorm_bwd_gpu.py tests/gpu/test_rmsnorm_bwd_small_gpu.py \
+    tests/gpu/test_rmsnorm_bwd_subwarp_gpu.py
+  mv "$RES/gpu-tests.log" "$RES/gpu-tests-bwd.log"; mv "$RES/gpu-tests" "$RES/gpu-tests-bwd"
+  timeout 150 kernel-factory bench --problem rmsnorm_bwd --genes '{"small_m": "cols"}' --dtypes float16,float32 \
     --shapes 3x250000,9x90000,40x120000,24x32768 --baselines torch_compile,torch_eager,factory_op --reps 20 \
     --out "$RES/cols-bench" --stem cols > "$RES/cols-bench.log" 2>&1; echo "exit $?" >> "$RES/cols-bench.log"
   tail -n 14 "$RES/cols-bench.log"; pack > /dev/null
-  gpu_tests $(( ${END:-585} - SECONDS - ${KDA_S:-120} )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py \
+  gpu_tests $(( ${END:-585} - SECONDS )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py \
     tests/gpu/test_bench_gpu.py tests/gpu/test_silu_mul_op_gpu.py
-  mv "$RES/gpu-tests.log" "$RES/gpu-tests-rest.log"
-  gpu_tests $(( ${END:-585} - SECONDS )) tests/gpu/test_kda_fwd_gpu.py -k chunked
   ;;
 n2)
   export KF_PEERS=liger
@@ -449,7 +451,8 @@ n4)
   ;;
 n5|n6)
   setup
-  h200 || { echo "$stage: not an H200; its times must not join the H200 benches"; exit 2; }
+  # a bench goes on only on the card that began it (n1 named it): an H100's times must not join an H200's
+  [ "$(gpu_name)" = "$(cat /tmp/kf-first-gpu 2>/dev/null)" ] || { echo "$stage: not the card n1 named"; exit 2; }
   # --go-on times only the cases a bench lacks (none: it returns at once)
   [ -f /tmp/runs/shipped-bwd/heldout-bench.json ] && shipped bwd "$BWD" $(( ${END:-585} - SECONDS - 10 )) --go-on
   if [ -f /tmp/runs/shipped-fwd/heldout-bench.json ]; then
