@@ -12,6 +12,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 FLUSH_BYTES = 256 * 2**20   # more than the H200's 60 MB L2: a flush before each timed call leaves it cold
+# The hold: after the flush, the GPU waits (a spin of torch.cuda._sleep) before a call's start event, long enough to
+# cover HOLD_MARGIN times the longest host path seen so far for that call, plus HOLD_PAD_US, less the flush's own time
+# (at most HOLD_MAX_US). Then the host has enqueued the call before the GPU reaches it, and an eager call's events hold
+# its GPU time alone, as a graph replay's do: a slow host path (torch.compile's guards, a custom op's Python, a
+# busy CPU) can no longer add GPU idle time to it. The host path is still measured and reported beside the time.
+HOLD_MARGIN = 1.5
+HOLD_PAD_US = 20.0
+HOLD_MAX_US = 5000.0
+SPIN_CALIBRATION_CYCLES = 2_000_000   # about 1 ms of spin at Hopper's clocks, timed once per timer
 
 
 CHUNK_ELEMENTS = 2**26   # compared a block of rows at a time: the widest rows' fp32 temporaries stay at 256 MiB
@@ -75,7 +84,9 @@ class Timing:
     last: int = 0          # which of the rotated callables ran last (its outputs are the ones left in memory)
     graph: bool = False    # timed as CUDA-graph replays (no host launch overhead inside the events)
     uncaptured: bool = False   # short enough for a graph, but capture failed: timed eagerly
-    host_us: float = 0.0   # median host time of one call (enqueueing it): above the flush's GPU time, it can leak
+    host_us: float = 0.0   # median host time of one call (enqueueing it): above the flush's and the hold's GPU time,
+                           # it can leak
+    hold_us: float = 0.0   # median GPU wait after the flush before the start event (see HOLD_MARGIN)
 
 
 @dataclass(frozen=True)
@@ -98,10 +109,28 @@ def quantile(sorted_values: list[float], q: float) -> float:
 
 
 def summarize(samples_us: list[float], last: int = 0, graph: bool = False, uncaptured: bool = False,
-              host_us: Sequence[float] = ()) -> Timing:
+              host_us: Sequence[float] = (), hold_us: Sequence[float] = ()) -> Timing:
     s = sorted(samples_us)
     host = quantile(sorted(host_us), 0.5) if host_us else 0.0
-    return Timing(quantile(s, 0.5), quantile(s, 0.75) - quantile(s, 0.25), len(s), last, graph, uncaptured, host)
+    hold = quantile(sorted(hold_us), 0.5) if hold_us else 0.0
+    return Timing(quantile(s, 0.5), quantile(s, 0.75) - quantile(s, 0.25), len(s), last, graph, uncaptured, host,
+                  hold)
+
+
+class Holds:
+    """The hold before each sample of one callable: sized from the longest host path it has shown so far (warm-up
+    calls and earlier samples), so that a path that grows (a busy host) gets a longer hold from its next sample on."""
+
+    def __init__(self, timer: "Timer"):
+        self.timer, self.longest = timer, 0.0
+
+    def seen(self, host_us: float) -> None:
+        self.longest = max(self.longest, host_us)
+
+    def next(self) -> float:
+        if self.longest <= 0 or not hasattr(self.timer.torch.cuda, "_sleep"):   # a torch without the spin: no hold
+            return 0.0
+        return min(HOLD_MAX_US, max(0.0, HOLD_MARGIN * self.longest + HOLD_PAD_US - self.timer.flush_us()))
 
 
 class Timer:
@@ -116,20 +145,44 @@ class Timer:
         self.policy = policy
         self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
         self._flush_us: float | None = None
+        self._cycles_per_us: float | None = None
+        self._clock = time.perf_counter
 
-    def _sample(self, fn: Callable[[], Any]) -> tuple[Any, Any, float]:
-        """(start event, end event, host microseconds of the call). The flush runs on the GPU while the host
-        enqueues the call; a call whose host time exceeds the flush's (and the GPU's backlog) leaves the GPU idle
-        between the events, and that idle time is counted: short calls with a heavy host path are graph-timed."""
+    def _hosted(self, fn: Callable[[], Any]) -> float:
+        """One untimed call (a warm-up); its host microseconds."""
+        began = self._clock()
+        fn()
+        return (self._clock() - began) * 1e6
+
+    def _sample(self, fn: Callable[[], Any], hold_us: float = 0.0) -> tuple[Any, Any, float]:
+        """(start event, end event, host microseconds of the call). The flush, then the hold (hold_us of GPU spin),
+        run on the GPU while the host enqueues the call; a call whose host time exceeds both (and the GPU's backlog)
+        leaves the GPU idle between the events, and that idle time is counted. Holds sizes the hold so that it does
+        not: an eager call's events then hold its GPU time."""
         torch = self.torch
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self.flush_buf.zero_()
+        if hold_us > 0:
+            torch.cuda._sleep(max(1, int(hold_us * self.cycles_per_us())))
         start.record()
-        began = time.perf_counter()
+        began = self._clock()
         fn()
-        host = (time.perf_counter() - began) * 1e6
+        host = (self._clock() - began) * 1e6
         end.record()
         return start, end, host
+
+    def cycles_per_us(self) -> float:
+        """The GPU spin's clock cycles per microsecond, timed once (torch.cuda._sleep counts SM clock cycles)."""
+        if self._cycles_per_us is None:
+            torch = self.torch
+            torch.cuda._sleep(SPIN_CALIBRATION_CYCLES // 10)   # the spin kernel loaded, the clocks up
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            torch.cuda._sleep(SPIN_CALIBRATION_CYCLES)
+            b.record()
+            b.synchronize()
+            self._cycles_per_us = SPIN_CALIBRATION_CYCLES / max(a.elapsed_time(b) * 1e3, 1e-3)
+        return self._cycles_per_us
 
     def flush_us(self) -> float:
         """The L2 flush's own GPU time (median of a few), measured once: the host time a call may take unseen."""
@@ -146,9 +199,11 @@ class Timer:
         return self._flush_us
 
     def estimate_us(self, fn: Callable[[], Any]) -> float:
+        """One call's GPU time after the warm-up calls, held as a timed sample is (0 warm-ups: no hold)."""
+        holds = Holds(self)
         for _ in range(self.policy.warmup):
-            fn()
-        start, end, _ = self._sample(fn)
+            holds.seen(self._hosted(fn))
+        start, end, _ = self._sample(fn, holds.next())
         end.synchronize()
         return max(start.elapsed_time(end), 1e-3) * 1e3
 
@@ -203,10 +258,16 @@ class Timer:
                 fns, graph = replays, True
                 estimate = self.estimate_us(fns[0])
         reps = self.reps_for(estimate)
-        samples = [self._sample(fns[i % len(fns)]) for i in range(reps)]
+        holds, samples, held = Holds(self), [], []
+        for fn in fns:   # each input set's call once more, untimed: the hold's first size
+            holds.seen(self._hosted(fn))
+        for i in range(reps):
+            held.append(holds.next())
+            samples.append(self._sample(fns[i % len(fns)], held[-1]))
+            holds.seen(samples[-1][2])
         self.torch.cuda.synchronize()
         return summarize([s.elapsed_time(e) * 1e3 for s, e, _ in samples], (reps - 1) % len(fns), graph, uncaptured,
-                         [h for _, _, h in samples])
+                         [h for _, _, h in samples], held)
 
     def graphed_together(self, fns: Sequence[Callable[[], Any]]) -> tuple[list[Callable[[], Any]], bool]:
         """Callables to time side by side, each captured in a CUDA graph when any is shorter than graph_below_us
@@ -220,15 +281,20 @@ class Timer:
     def time_interleaved(self, fns: Sequence[Callable[[], Any]], reps: int) -> list[Timing]:
         """Several callables interleaved sample by sample (A B C A B C ...), each after its own flush: drift in
         clocks or temperature falls on all alike. Used for finalists and the bench."""
-        for _ in range(self.policy.warmup):
-            for fn in fns:
-                fn()
+        holds = [Holds(self) for _ in fns]
+        for _ in range(max(1, self.policy.warmup)):
+            for fn, hold in zip(fns, holds):
+                hold.seen(self._hosted(fn))
         samples: list[list[tuple[Any, Any, float]]] = [[] for _ in fns]
+        held: list[list[float]] = [[] for _ in fns]
         for _ in range(reps):
             for i, fn in enumerate(fns):
-                samples[i].append(self._sample(fn))
+                held[i].append(holds[i].next())
+                samples[i].append(self._sample(fn, held[i][-1]))
+                holds[i].seen(samples[i][-1][2])
         self.torch.cuda.synchronize()
-        return [summarize([s.elapsed_time(e) * 1e3 for s, e, _ in p], host_us=[h for _, _, h in p]) for p in samples]
+        return [summarize([s.elapsed_time(e) * 1e3 for s, e, _ in p], host_us=[h for _, _, h in p], hold_us=w)
+                for p, w in zip(samples, held)]
 
 
 def copy_bandwidth_gbps(timer: Timer, nbytes: int = 2**30) -> float:

@@ -260,7 +260,7 @@ class Bench:
                 raise SetupError(f"the baseline {self.baseline!r} cannot run {case.key}: "
                                  f"{type(cause).__name__}: {cause}"[:1000]) from exc
             self.graph_mode[case.key] = timing.graph
-            if not timing.graph and timing.host_us > self.timer.flush_us() + timing.median_us:
+            if not timing.graph and timing.host_us > self.timer.flush_us() + timing.hold_us + timing.median_us:
                 self.host_bound.add(case.key)
             out[case.key] = timing.median_us
         self.baseline_us, self.baseline_at = out, time.perf_counter()

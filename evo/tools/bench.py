@@ -199,7 +199,7 @@ def bench_case(problem: Problem, subject: Subject, compiled: Compiled, timer: me
                     gbps = row["bytes"] / (t.median_us * 1e-6) / 1e9
                     row["providers"][name] = {"us": t.median_us, "iqr_us": t.iqr_us, "gbps": gbps,
                                               "pct_copy": 100 * gbps / copy_gbps, "graph": name in graphed,
-                                              "reps": t.reps, "host_us": t.host_us,
+                                              "reps": t.reps, "host_us": t.host_us, "hold_us": t.hold_us,
                                               **({"note": notes[name]} if name in notes else {})}
                 else:
                     row["providers"][name].setdefault("repeat_us", []).append(t.median_us)

@@ -152,8 +152,9 @@ def timing_notes(row: Mapping[str, Any], flush_us: float | None, names: Sequence
             continue
         who = "ours" if name == bench.SUBJECT else name
         if peers.host_inside(entry, flush_us):
+            hold = f", hold {entry['hold_us']:.1f} µs" if entry.get("hold_us") else ""
             out.append(f"{who} {entry['us']:.1f} µs with its host path inside (host {entry['host_us']:.1f} µs a "
-                       f"call, flush {flush_us:.1f} µs)")
+                       f"call, flush {flush_us:.1f} µs{hold})")
         if peers.noisy(entry):
             out.append(f"{who} {entry['us']:.1f} µs noisy (IQR {100 * entry['iqr_us'] / entry['us']:.0f}% of it)")
     ran, ours = row["providers"].get(peers.OWN_OP, {}), row["providers"].get(bench.SUBJECT, {}).get("us")

@@ -150,11 +150,14 @@ def comparable(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> bool:
 
 def host_inside(entry: Mapping[str, Any], flush_us: float | None) -> bool:
     """Whether part of a provider's host path may be inside its time: timed eagerly, its host time per call (the
-    bench records it from 2026-12-07 on) was longer than the L2 flush that the GPU runs while the host enqueues the
-    call, so the GPU waited on the host between the events. Such a time is an upper bound of the kernel's, and it
-    moves with the host's load (a busy CPU, a compile beside it)."""
+    bench records it from 2026-12-07 on) was longer than the L2 flush and the hold (the GPU's wait before the start
+    event, from 2026-12-08 on) that the GPU runs while the host enqueues the call, so the GPU waited on the host
+    between the events. Such a time is an upper bound of the kernel's, and it moves with the host's load (a busy CPU,
+    a compile beside it). The hold is sized to cover the host path, so since then only a path longer than the hold's
+    cap (measure.HOLD_MAX_US) or one that grew past it between samples is inside."""
     host = entry.get("host_us")
-    return bool(flush_us) and host is not None and not entry.get("graph") and host > flush_us
+    return bool(flush_us) and host is not None and not entry.get("graph") and \
+        host > flush_us + (entry.get("hold_us") or 0.0)
 
 
 def memory_short(row: Mapping[str, Any]) -> str:
