@@ -146,7 +146,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh bundle FOLDER|n1|n2|n4|n5|n6|h1|h2|h3|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh bundle FOLDER|n1|n2|n4|n4f|n5|n6|h1|h2|h3|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -448,6 +448,11 @@ n4)
   setup .gpu-c
   int21_wait 200 || exit 2
   shipped bwd "$BWD" $(( ${END:-585} - SECONDS - 10 ))
+  ;;
+n4f)   # n4 with the forward: QuACK complete, the forward op as shipped on h200-fwd-workload-5's held-out shapes
+  setup .gpu-c
+  int21_wait 200 || exit 2
+  shipped fwd "$FWD" $(( ${END:-585} - SECONDS - 10 ))
   ;;
 n5|n6)
   setup
