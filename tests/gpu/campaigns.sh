@@ -129,6 +129,11 @@
 #   n5 (carry .int21): what n4 left (--go-on), then the forward op as shipped on h200-fwd-workload-5's held-out shapes
 #   n6 (carry .int21): what n5 left of the forward (--go-on), then the 11 benchmark rows, every dtype, QuACK tuned
 #   n5 and n6 go on only on the card n1 named (an H100 lent for all six is one H100 set; mixed cards are refused)
+# Ran 2026-12-07 late on an H100 (three failed starts first): n1 (END=330), n2 (END=90, KDA's bench cut before its
+#   first case), bundle .gpu-b2, n4f (END=575: the forward whole), n4 (END=470: fp32 cut at 43 of 48).
+# Next session, the timer's hold (evo/evaluate/measure.py) on a GPU for the first time, back to back: n1 (its GPU
+#   tests: the evaluator's and the bench's files time through the hold), n2, bundle .gpu-b2, n4f, then n4; their
+#   eager rows set against h100-shipped-{fwd,bwd}-2026-12-07b's (the op's time over its table kernel's, row by row).
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
