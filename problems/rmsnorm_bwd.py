@@ -17,7 +17,7 @@ from ..evo.workload import Workload
 from ..kernels import templates
 from .rmsnorm_fwd import PEERS
 from .rmsnorm_bwd_plan import (  # noqa: F401  (re-exported: tests and tools read them here)
-    COLS_CTAS, COLS_ROWS, COLS_THREADS, DIRECT_ROWS, DTYPE_BYTES, DW_THREADS, EPS, MAX_SMEM_PER_CTA,
+    COLS_CTAS, COLS_GROUP, COLS_ROWS, COLS_THREADS, DIRECT_ROWS, DTYPE_BYTES, DW_THREADS, EPS, MAX_SMEM_PER_CTA,
     MAX_STATIC_SMEM, MIN_RING_THREADS_PER_SM, MAX_CTAS_PER_SM, MAX_ROWS_PER_CTA, MIN_THREADS_PER_SM, PLAN_DW_GLOBAL,
     PLAN_DW_SMEM, PLAN_DW_WARP, PLAN_NARROW, PLAN_PEEL, PLAN_VECTOR, RESIDENT_CLUSTERS, SCRATCH_BYTES, SCRATCH_ROWS,
     SCRATCH_SPARE, SLOT_ROWS,
@@ -203,8 +203,11 @@ class RmsNormBackward:
         return {"dx": torch.empty(m, n, dtype=getattr(torch, case.dtype), device=device),
                 "dw": torch.empty(n, dtype=torch.float32, device=device),
                 "dw_partial": torch.empty(scratch_rows(m, n), n, dtype=torch.float32, device=device),
-                # small_m=cols: each row's partial dot per CTA (its plan runs at M <= COLS_ROWS)
-                "dot": torch.empty(max(1, min(m, COLS_ROWS)), COLS_CTAS, dtype=torch.float32, device=device)}
+                # small_m=cols (its plan runs at M <= COLS_ROWS): each row's partial dot per chunk of columns, and
+                # each group of COLS_GROUP rows' partial dw
+                "dot": torch.empty(max(1, min(m, COLS_ROWS)), COLS_CTAS, dtype=torch.float32, device=device),
+                "dwp": torch.empty(-(-max(1, min(m, COLS_ROWS)) // COLS_GROUP), n, dtype=torch.float32,
+                                   device=device)}
 
     def reference(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """dx in fp32 and dw, computed a block of rows at a time: at 16384 x 131072 the whole-tensor fp32

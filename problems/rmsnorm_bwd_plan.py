@@ -49,11 +49,12 @@ RESIDENT_CLUSTERS = {4: 30, 8: 15, 16: 7}
 # a row (so up to 8 rows for one CTA, 128 for a cluster of 16). Grouped plans give a slot this many rows at least.
 DIRECT_ROWS = 8
 SLOT_ROWS = 4
-# small_m=cols (kernels/rmsnorm_bwd_cols.cuh): at M up to COLS_ROWS, up to COLS_CTAS CTAs of COLS_THREADS threads
-# split the columns of every row (at least a thread's worth of columns each).
+# small_m=cols (kernels/rmsnorm_bwd_cols.cuh): at M up to COLS_ROWS, up to COLS_CTAS chunks of at least a thread's
+# worth of columns (COLS_THREADS) split every row; the first launch takes COLS_GROUP rows a CTA.
 COLS_ROWS = 64
 COLS_THREADS = 256
 COLS_CTAS = 2 * SMS
+COLS_GROUP = 8
 # Sub-warp rows: threads per row below a warp (rows_per_cta above threads / 32), a warp holding 32 / TPR rows. Their
 # global partials take a row per (slot, row group) only for the groups that start within M (partial rows 0 .. M-1
 # at most), so that rows_per_cta up to 64 fits the scratch of any N up to SCRATCH_BYTES / (4 * 64) = 1M elements.
@@ -192,23 +193,27 @@ def recipe(g: Mapping[str, GeneValue], dtype: str) -> dict[str, Any]:
 
 
 def _cols(let: list, main: dict, reduce: dict) -> dict[str, Any]:
-    """small_m=cols: at M up to COLS_ROWS the two column-split kernels (rmsnorm_bwd_cols.cuh) on `ctas` CTAs, each
-    owning `chunk` columns of every row, with a scratch of M x ctas partial dots; above, the genome's own plan."""
+    """small_m=cols: at M up to COLS_ROWS the two column-split kernels (rmsnorm_bwd_cols.cuh) over `ctas` chunks of
+    `chunk` columns: the first on ctas x groups CTAs (COLS_GROUP rows each) writes an M x ctas scratch of partial dots
+    and a groups x N scratch of partial dw, the second on ctas x M CTAs writes dx and dw; above, the genome's own
+    plan."""
     let = [*let,
            ["cols", ["le", "M", COLS_ROWS]],
            ["ctas", ["max", 1, ["min", COLS_CTAS, ["cdiv", "N", COLS_THREADS]]]],
-           ["chunk", ["cdiv", "N", "ctas"]]]
-    inputs = [["ptr", "x"], ["ptr", "w"], ["ptr", "dy"]]
-    dot = {"kernel": "rmsnorm_bwd_cols_dot", "grid": "ctas", "block": COLS_THREADS, "when": "cols",
-           "args": [*inputs, ["ptr", "dot"], ["i32", "M"], ["i32", "N"], ["i32", "chunk"]]}
-    cols = {"kernel": "rmsnorm_bwd_cols", "grid": "ctas", "block": COLS_THREADS, "when": "cols",
-            "args": [*inputs, ["ptr", "rstd"], ["ptr", "dot"], ["ptr", "dx"], ["ptr", "dw"], ["i32", "M"],
-                     ["i32", "N"], ["i32", "chunk"]]}
+           ["chunk", ["cdiv", "N", "ctas"]],
+           ["groups", ["cdiv", "M", COLS_GROUP]]]
+    inputs = [["ptr", "x"], ["ptr", "w"], ["ptr", "dy"], ["ptr", "rstd"], ["ptr", "dot"], ["ptr", "dwp"]]
+    dot = {"kernel": "rmsnorm_bwd_cols_dot", "grid": {"x": "ctas", "y": "groups"}, "block": COLS_THREADS,
+           "when": "cols", "args": [*inputs, ["i32", "M"], ["i32", "N"], ["i32", "chunk"]]}
+    cols = {"kernel": "rmsnorm_bwd_cols", "grid": {"x": "ctas", "y": "M"}, "block": COLS_THREADS, "when": "cols",
+            "args": [*inputs, ["ptr", "dx"], ["ptr", "dw"], ["i32", "M"], ["i32", "N"], ["i32", "chunk"],
+                     ["i32", "groups"]]}
     # each buffer one element where its plan does not run (the op allocates every buffer a recipe names)
     return {"let": let,
             "buffers": {"dw_partial": {"dtype": "float32",
                                        "shape": [["if", "cols", 1, "scratch"], ["if", "cols", 1, "N"]]},
-                        "dot": {"dtype": "float32", "shape": [["if", "cols", "M", 1], ["if", "cols", "ctas", 1]]}},
+                        "dot": {"dtype": "float32", "shape": [["if", "cols", "M", 1], ["if", "cols", "ctas", 1]]},
+                        "dwp": {"dtype": "float32", "shape": [["if", "cols", "groups", 1], ["if", "cols", "N", 1]]}},
             "steps": [dot, cols, {**main, "when": ["not", "cols"]}, {**reduce, "when": ["not", "cols"]}]}
 
 

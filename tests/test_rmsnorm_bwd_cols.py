@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kernel_factory.evo.types import Case
-from kernel_factory.problems.rmsnorm_bwd import COLS_ROWS, COLS_THREADS, problem
+from kernel_factory.problems.rmsnorm_bwd import COLS_GROUP, COLS_ROWS, COLS_THREADS, problem
 
 SHIM = r"""
 #include <barrier>
@@ -70,30 +70,41 @@ template <class T> std::vector<T> read(const std::string& path) {
 template <class T> void write(const std::string& path, const std::vector<T>& v) {
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
 }
-template <class F> void grid(unsigned ctas, F kernel) {   // every CTA of a launch, one after another
-    gridDim = {ctas, 1, 1};
-    for (unsigned b = 0; b < ctas; ++b) {
-        blockIdx = {b, 0, 0};
-        std::barrier<> cta(COLS_THREADS);
-        g_cta = &cta;
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < COLS_THREADS; ++t)
-            threads.emplace_back([&, t] { threadIdx = {t, 0, 0}; kernel(); });
-        for (auto& th : threads) th.join();
-    }
+template <class F> void grid(unsigned gx, unsigned gy, F kernel) {   // every CTA of a launch, one after another
+    gridDim = {gx, gy, 1};
+    for (unsigned by = 0; by < gy; ++by)
+        for (unsigned bx = 0; bx < gx; ++bx) {
+            blockIdx = {bx, by, 0};
+            std::barrier<> cta(COLS_THREADS);
+            g_cta = &cta;
+            std::vector<std::thread> threads;
+            for (unsigned t = 0; t < COLS_THREADS; ++t)
+                threads.emplace_back([&, t] { threadIdx = {t, 0, 0}; kernel(); });
+            for (auto& th : threads) th.join();
+        }
 }
 
-int main(int argc, char** argv) {   // DIR M N CTAS_DOT CHUNK_DOT CTAS CHUNK: inputs DIR/NAME.bin, outputs written back
+// DIR M N then each launch's grid (x, y) and chunk: DOT_X DOT_Y DOT_CHUNK COLS_X COLS_Y COLS_CHUNK GROUPS.
+// Inputs DIR/NAME.bin, outputs written back.
+int main(int argc, char** argv) {
     const std::string dir = argv[1];
     const int m = std::atoi(argv[2]), n = std::atoi(argv[3]);
-    const unsigned ctas_dot = unsigned(std::atoi(argv[4])), ctas = unsigned(std::atoi(argv[6]));
-    const int chunk_dot = std::atoi(argv[5]), chunk = std::atoi(argv[7]);
+    unsigned g[4];
+    for (int i = 0; i < 2; ++i) {
+        g[2 * i] = unsigned(std::atoi(argv[4 + 3 * i]));
+        g[2 * i + 1] = unsigned(std::atoi(argv[5 + 3 * i]));
+    }
+    const int chunk_dot = std::atoi(argv[6]), chunk = std::atoi(argv[9]), groups = std::atoi(argv[10]);
     auto x = read<elem_t>(dir + "/x.bin"), dy = read<elem_t>(dir + "/dy.bin"), dx = read<elem_t>(dir + "/dx.bin");
     auto w = read<float>(dir + "/w.bin"), rstd = read<float>(dir + "/rstd.bin");
-    auto dw = read<float>(dir + "/dw.bin"), dot = read<float>(dir + "/dot.bin");
-    grid(ctas_dot, [&] { rmsnorm_bwd_cols_dot(x.data(), w.data(), dy.data(), dot.data(), m, n, chunk_dot); });
-    grid(ctas, [&] { rmsnorm_bwd_cols(x.data(), w.data(), dy.data(), rstd.data(), dot.data(), dx.data(), dw.data(),
-                                      m, n, chunk); });
+    auto dw = read<float>(dir + "/dw.bin"), dot = read<float>(dir + "/dot.bin"), dwp = read<float>(dir + "/dwp.bin");
+    grid(g[0], g[1], [&] {
+        rmsnorm_bwd_cols_dot(x.data(), w.data(), dy.data(), rstd.data(), dot.data(), dwp.data(), m, n, chunk_dot);
+    });
+    grid(g[2], g[3], [&] {
+        rmsnorm_bwd_cols(x.data(), w.data(), dy.data(), rstd.data(), dot.data(), dwp.data(), dx.data(), dw.data(),
+                         m, n, chunk, groups);
+    });
     write(dir + "/dx.bin", dx);
     write(dir + "/dw.bin", dw);
     return 0;
@@ -126,14 +137,15 @@ def run_plan(exe, case: Case, inputs, outputs, folder) -> None:
     steps = problem.launch(GENES, case, inputs, outputs)
     assert [s.kernel for s in steps] == ["rmsnorm_bwd_cols_dot", "rmsnorm_bwd_cols"], \
         f"small_m=cols at M = {case.shape[0]} must run the column split alone"
-    assert steps[0].block[0] == steps[1].block[0] == COLS_THREADS and steps[0].grid == steps[1].grid
-    chunk = [int(s.args[-1]) for s in steps]
+    assert steps[0].block[0] == steps[1].block[0] == COLS_THREADS and steps[0].grid[0] == steps[1].grid[0]
+    m, n = case.shape
+    assert steps[0].grid[1] == -(-m // COLS_GROUP) and steps[1].grid[1] == m
     for name, t in {**inputs, **outputs}.items():
         np_t = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
         np_t.contiguous().numpy().tofile(folder / f"{name}.bin")
-    m, n = case.shape
-    subprocess.run([str(exe), str(folder), str(m), str(n), str(steps[0].grid[0]), str(chunk[0]),
-                    str(steps[1].grid[0]), str(chunk[1])], check=True, timeout=600)
+    dims = [str(int(v)) for s in steps for v in (s.grid[0], s.grid[1], s.args[8 if s is steps[0] else 10])]
+    subprocess.run([str(exe), str(folder), str(m), str(n), *dims, str(int(steps[1].args[-1]))], check=True,
+                   timeout=600)
     dtype = outputs["dx"].dtype
     raw = np.fromfile(folder / "dx.bin", dtype=np.int16 if dtype == torch.bfloat16 else np.float32)
     outputs["dx"] = torch.from_numpy(raw.reshape(m, n)).view(dtype) if dtype == torch.bfloat16 else \
