@@ -237,3 +237,15 @@ def test_the_backward_reference_in_row_blocks_is_the_whole_tensor_formula(monkey
     dx = (g - xhat * (g * xhat).mean(dim=-1, keepdim=True)) * inputs["rstd"][:, None]
     assert torch.equal(blocks["dx"], whole["dx"]) and torch.allclose(blocks["dx"], dx, rtol=1e-6, atol=1e-6)
     assert torch.allclose(blocks["dw"], (inputs["dy"].float() * xhat).sum(dim=0), rtol=1e-5, atol=1e-5)
+
+
+def test_one_slow_first_call_does_not_hold_every_sample_after_it():
+    """A first call that compiles or tunes (50 ms of host) before 2 µs calls: the hold is sized from the call's
+    latest host paths, so after a few samples the 80 µs kernel runs unheld (the flush covers its host path)."""
+    from kernel_factory.evo.evaluate.measure import HOLD_MAX_US, HOLD_SEEN
+    clock = Clock(80.0, host_us=[50_000.0] + [2.0] * 100, flush_us=85.0)
+    t = timer_on(clock, 30.0, warmup=2).time_interleaved([clock.call], reps=20)[0]
+    assert t.median_us == pytest.approx(80.0) and t.hold_us == 0.0
+    clock = Clock(80.0, host_us=[50_000.0] + [2.0] * 100, flush_us=85.0)
+    first = timer_on(clock, 30.0, warmup=1).time_interleaved([clock.call], reps=HOLD_SEEN - 1)[0]
+    assert first.hold_us == pytest.approx(HOLD_MAX_US), "within the call's latest paths the slow one still counts"

@@ -3,6 +3,7 @@ reference, time a launch with CUDA events around each call and an L2 flush befor
 Only torch and the standard library; runs wherever torch runs (the comparisons are tested on the CPU)."""
 from __future__ import annotations
 
+import collections
 import datetime
 import math
 import platform
@@ -13,13 +14,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 FLUSH_BYTES = 256 * 2**20   # more than the H200's 60 MB L2: a flush before each timed call leaves it cold
 # The hold: after the flush, the GPU waits (a spin of torch.cuda._sleep) before a call's start event, long enough to
-# cover HOLD_MARGIN times the longest host path seen so far for that call, plus HOLD_PAD_US, less the flush's own time
+# cover HOLD_MARGIN times the longest of that call's latest host paths, plus HOLD_PAD_US, less the flush's own time
 # (at most HOLD_MAX_US). Then the host has enqueued the call before the GPU reaches it, and an eager call's events hold
 # its GPU time alone, as a graph replay's do: a slow host path (torch.compile's guards, a custom op's Python, a
 # busy CPU) can no longer add GPU idle time to it. The host path is still measured and reported beside the time.
 HOLD_MARGIN = 1.5
 HOLD_PAD_US = 20.0
 HOLD_MAX_US = 5000.0
+HOLD_SEEN = 4   # host paths a hold is sized from: the call's latest
 SPIN_CALIBRATION_CYCLES = 2_000_000   # about 1 ms of spin at Hopper's clocks, timed once per timer
 
 
@@ -118,19 +120,21 @@ def summarize(samples_us: list[float], last: int = 0, graph: bool = False, uncap
 
 
 class Holds:
-    """The hold before each sample of one callable: sized from the longest host path it has shown so far (warm-up
-    calls and earlier samples), so that a path that grows (a busy host) gets a longer hold from its next sample on."""
+    """The hold before each sample of one callable: sized from the longest of its last HOLD_SEEN host paths (warm-up
+    calls and earlier samples), so that a path that grows (a busy host) gets a longer hold from its next sample on,
+    and one slow first call (a compile, a first-call tuning) does not hold every sample after it."""
 
     def __init__(self, timer: "Timer"):
-        self.timer, self.longest = timer, 0.0
+        self.timer, self.recent = timer, collections.deque(maxlen=HOLD_SEEN)
 
     def seen(self, host_us: float) -> None:
-        self.longest = max(self.longest, host_us)
+        self.recent.append(host_us)
 
     def next(self) -> float:
-        if self.longest <= 0 or not hasattr(self.timer.torch.cuda, "_sleep"):   # a torch without the spin: no hold
+        longest = max(self.recent, default=0.0)
+        if longest <= 0 or not hasattr(self.timer.torch.cuda, "_sleep"):   # a torch without the spin: no hold
             return 0.0
-        return min(HOLD_MAX_US, max(0.0, HOLD_MARGIN * self.longest + HOLD_PAD_US - self.timer.flush_us()))
+        return min(HOLD_MAX_US, max(0.0, HOLD_MARGIN * longest + HOLD_PAD_US - self.timer.flush_us()))
 
 
 class Timer:
