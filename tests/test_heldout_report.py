@@ -92,11 +92,13 @@ def test_heldout_notes_the_times_a_ratio_stands_on_that_should_be_weighed():
             _row("bfloat16", (3391, 8192), 74.0, int21=56.0, factory_op=158.0)]
     rows.append(_row("float32", (9659, 2048), 69.0, int21=71.0, factory_op={"us": 136.0, "kernels": {
         "kernel": "c1a55e4", "rule": "0e1a9b2"}}))   # the op's tuning kept another kernel, slower than the rule's
+    rows.append(_row("float32", (4846, 4096), 29.0, int21=29.5, factory_op={"us": 44.0, "host_us": host, "kernels": {
+        "kernel": "2ee5312", "rule": "b26e0c5"}}))   # slower, but with its host path inside: not the tuning's doing
     retries = random.randint(1, 400)
     rows[3].update(alloc_retries=retries, gpu_free_gib=1.5)   # another process held the GPU's memory
     result = {"format": "kernel-factory-bench/1", "flush_us": flush, "rows": rows}
     lines, md = heldout.summarize(result, "rmsnorm_fwd")
-    assert "Rows with a time to weigh" in md and "bf16 3, fp32 1." in md
+    assert "Rows with a time to weigh" in md and "bf16 3, fp32 2." in md
     assert f"the allocator retried {retries} cudaMalloc(s) while timing (1.5 GiB free at the start)" in md
     table = {line.split("|")[2].strip(): line for line in md.splitlines() if line.startswith("| bf16")}
     assert f"factory_op 200.0 µs with its host path inside (host {host:.1f} µs a call, flush {flush:.1f} µs)" \
@@ -105,3 +107,5 @@ def test_heldout_notes_the_times_a_ratio_stands_on_that_should_be_weighed():
     assert "µs" not in table["64x64"].split("|")[7]   # a graph replay: its host time is outside the events
     fp32 = next(line for line in md.splitlines() if line.startswith("| fp32 | 9659x2048"))
     assert "the op's tuning kept c1a55e4, not the rule's 0e1a9b2, and ran 1.97x the table's time" in fp32
+    hosted = next(line for line in md.splitlines() if line.startswith("| fp32 | 4846x4096"))
+    assert "factory_op 44.0 µs with its host path inside" in hosted and "tuning kept" not in hosted
