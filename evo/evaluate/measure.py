@@ -151,6 +151,7 @@ class Timer:
         self._flush_us: float | None = None
         self._cycles_per_us: float | None = None
         self._clock = time.perf_counter
+        self.estimate_holds = Holds(self)
 
     def _hosted(self, fn: Callable[[], Any]) -> float:
         """One untimed call (a warm-up); its host microseconds."""
@@ -203,11 +204,13 @@ class Timer:
         return self._flush_us
 
     def estimate_us(self, fn: Callable[[], Any]) -> float:
-        """One call's GPU time after the warm-up calls, held as a timed sample is (0 warm-ups: no hold)."""
-        holds = Holds(self)
+        """One call's GPU time after the warm-up calls, held as a timed sample is (0 warm-ups: no hold). The host
+        paths it saw stay in self.estimate_holds, where time() starts sizing its holds from."""
+        holds = self.estimate_holds = Holds(self)
         for _ in range(self.policy.warmup):
             holds.seen(self._hosted(fn))
-        start, end, _ = self._sample(fn, holds.next())
+        start, end, host = self._sample(fn, holds.next())
+        holds.seen(host)
         end.synchronize()
         return max(start.elapsed_time(end), 1e-3) * 1e3
 
@@ -262,9 +265,7 @@ class Timer:
                 fns, graph = replays, True
                 estimate = self.estimate_us(fns[0])
         reps = self.reps_for(estimate)
-        holds, samples, held = Holds(self), [], []
-        for fn in fns:   # each input set's call once more, untimed: the hold's first size
-            holds.seen(self._hosted(fn))
+        holds, samples, held = self.estimate_holds, [], []   # sized first from the estimate's calls of fns[0]
         for i in range(reps):
             held.append(holds.next())
             samples.append(self._sample(fns[i % len(fns)], held[-1]))
