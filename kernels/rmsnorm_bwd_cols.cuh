@@ -8,33 +8,14 @@
 //  rmsnorm_bwd_cols      grid (C, M): CTA (b, r) sums row r's C partial dots (its c = rstd * dot / N), writes dx of
 //                        row r in chunk b; the CTAs of row 0 also write dw of chunk b, the sum of the G partials
 // A thread loads a column of every row of its group before it sums anything (2 * COLS_GROUP loads in flight, one
-// element each, coalesced), and a CTA sums its group's rows together in one tree of barriers. Every sum has a fixed
+// element each, coalesced, with the genome's load and store instructions: load_elem, store_elem of
+// rmsnorm_bwd_device.cuh), and a CTA sums its group's rows together in one tree of barriers. Every sum has a fixed
 // order: two launches give bitwise the same dx, dw. The plan (problems/rmsnorm_bwd_plan.py) runs it at
 // M <= COLS_ROWS.
 #if SMALL_M == SMALL_M_COLS   // in the binaries of small_m=cols genomes only
 constexpr int COLS_THREADS = 256;
 constexpr int COLS_ROWS = 64;
 constexpr int COLS_GROUP = 8;
-
-__device__ __forceinline__ float cols_in(elem_t v) {
-#if DTYPE == DTYPE_BFLOAT16
-  return __bfloat162float(v);
-#elif DTYPE == DTYPE_FLOAT16
-  return __half2float(v);
-#else
-  return v;
-#endif
-}
-
-__device__ __forceinline__ elem_t cols_out(float v) {
-#if DTYPE == DTYPE_BFLOAT16
-  return __float2bfloat16(v);
-#elif DTYPE == DTYPE_FLOAT16
-  return __float2half(v);
-#else
-  return v;
-#endif
-}
 
 // The CTA's sums of K values per thread, left in red[k][0]: one tree in shared memory for all K (no shuffles, so
 // that the binary's SHFL opcodes stay the gene reduce's alone, which the SASS checks read).
@@ -70,8 +51,8 @@ rmsnorm_bwd_cols_dot(const elem_t* __restrict__ x, const float* __restrict__ w, 
 #pragma unroll
     for (int i = 0; i < COLS_GROUP; ++i) {   // every row's loads first: they are in flight together
       const size_t at = (size_t)(r0 + (i < rows ? i : 0)) * N + c;
-      xv[i] = cols_in(x[at]);
-      dv[i] = cols_in(dy[at]);
+      xv[i] = load_elem(x + at);
+      dv[i] = load_elem(dy + at);
     }
     const float wc = w[c];
     float dw = 0.f;
@@ -101,8 +82,8 @@ rmsnorm_bwd_cols(const elem_t* __restrict__ x, const float* __restrict__ w, cons
   const int c0 = blockIdx.x * chunk, c1 = min(N, c0 + chunk);
   const size_t row = (size_t)r * N;
   for (int c = c0 + threadIdx.x; c < c1; c += COLS_THREADS) {
-    const float df = cols_in(dy[row + c]), xh = cols_in(x[row + c]) * rs;
-    dx[row + c] = cols_out(rs * fmaf(-xh, cr, df * w[c]));
+    const float df = load_elem(dy + row + c), xh = load_elem(x + row + c) * rs;
+    store_elem(dx + row + c, rs * fmaf(-xh, cr, df * w[c]));
   }
   if (r == 0) {   // dw of this chunk: the groups' partials in order
     for (int c = c0 + threadIdx.x; c < c1; c += COLS_THREADS) {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from kernel_factory.evo.types import Case
 from kernel_factory.kernels import templates
 from kernel_factory.problems.kda_fwd import CHUNK_THREADS, CHUNK_V, HEAD, INPUTS, chunked_smem, problem
 
+SHIMS = Path(__file__).parent / "shims"   # file_io.h
 SHIM = r"""
 #include <algorithm>
 #include <barrier>
@@ -78,17 +80,7 @@ inline float kda_gate(float g_raw, float dt_bias, float rate) { return GATE_LOWE
 MMA_EMULATION
 #include "kda_chunked.cuh"
 
-template <class T> std::vector<T> read(const std::string& path) {
-    std::ifstream in(path, std::ios::binary | std::ios::ate);
-    std::vector<T> out(size_t(in.tellg()) / sizeof(T));
-    in.seekg(0);
-    in.read(reinterpret_cast<char*>(out.data()), out.size() * sizeof(T));
-    return out;
-}
-
-template <class T> void write(const std::string& path, const std::vector<T>& v) {
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
+#include "file_io.h"
 
 int main(int argc, char** argv) {   // DIR HEADS SMEM_BYTES: the inputs as DIR/NAME.bin, o.bin and state.bin out
     const std::string dir = argv[1];
@@ -185,7 +177,7 @@ def _build(folder, chunk, solve, mma="fma"):
     (folder / "shim.cpp").write_text(SHIM)
     cmd = ["g++", "-std=c++20", "-O1", "-pthread", "-w", f"-DCK_THREADS_SHIM={CHUNK_THREADS}", f"-DCHUNK={chunk}",
            f"-DSOLVE=SOLVE_{solve.upper()}", f"-DMMA=MMA_{mma.upper()}", "-DLOAD=LOAD_NC", "-I", str(folder),
-           str(folder / "shim.cpp"),
+           "-I", str(SHIMS), str(folder / "shim.cpp"),
            "-o", str(exe)]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
     return exe

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import torch
 from kernel_factory.evo.types import Case
 from kernel_factory.problems.rmsnorm_bwd import COLS_GROUP, COLS_ROWS, COLS_THREADS, problem
 
+SHIMS = Path(__file__).parent / "shims"   # file_io.h
 SHIM = r"""
 #include <barrier>
 #include <cmath>
@@ -55,21 +57,16 @@ using std::min;
 #define SMALL_M SMALL_M_COLS
 #if DTYPE == DTYPE_BFLOAT16
 typedef __nv_bfloat16 elem_t;
+inline float load_elem(const elem_t* p) { return __bfloat162float(*p); }   // rmsnorm_bwd_device.cuh's, on the CPU
+inline void store_elem(elem_t* p, float v) { *p = __float2bfloat16(v); }
 #else
 typedef float elem_t;
+inline float load_elem(const elem_t* p) { return *p; }
+inline void store_elem(elem_t* p, float v) { *p = v; }
 #endif
 #include "rmsnorm_bwd_cols.cuh"
 
-template <class T> std::vector<T> read(const std::string& path) {
-    std::ifstream in(path, std::ios::binary | std::ios::ate);
-    std::vector<T> out(size_t(in.tellg()) / sizeof(T));
-    in.seekg(0);
-    in.read(reinterpret_cast<char*>(out.data()), out.size() * sizeof(T));
-    return out;
-}
-template <class T> void write(const std::string& path, const std::vector<T>& v) {
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
+#include "file_io.h"
 template <class F> void grid(unsigned gx, unsigned gy, F kernel) {   // every CTA of a launch, one after another
     gridDim = {gx, gy, 1};
     for (unsigned by = 0; by < gy; ++by)
@@ -126,7 +123,7 @@ def builds(tmp_path_factory):
     out = {}
     for dtype, code in (("bfloat16", 0), ("float32", 2)):
         exe = folder / f"cols-{dtype}"
-        subprocess.run(["g++", "-std=c++20", "-O2", "-pthread", f"-DDTYPE={code}", "-o", str(exe),
+        subprocess.run(["g++", "-std=c++20", "-O2", "-pthread", f"-DDTYPE={code}", "-I", str(SHIMS), "-o", str(exe),
                         str(folder / "shim.cpp")], check=True, cwd=folder)
         out[dtype] = exe
     return out
