@@ -134,6 +134,11 @@
 # Next session, the timer's hold (evo/evaluate/measure.py) on a GPU for the first time, back to back: n1 (its GPU
 #   tests: the evaluator's and the bench's files time through the hold), n2, bundle .gpu-b2, n4f, then n4; their
 #   eager rows set against h100-shipped-{fwd,bwd}-2026-12-07b's (the op's time over its table kernel's, row by row).
+# 2026-12-08, the same plan with the hold's own GPU test (tests/gpu/test_measure_gpu.py) first, back to back:
+#   m1 (carry .gpu-a .int21): the hold's, the bench's and the evaluator's GPU test files; the column split's second
+#       version (8 rows a CTA, dw partials by group) through the backward's gate and beside torch.compile, torch eager,
+#       Liger, INT21 and the op on few-row, wide shapes (none a campaign's held-out one)
+#   n2 (carry .gpu-b, END about 240): KDA's chunked form against FLA; bundle .gpu-b2; n4f; n4 as far as the budget goes
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -151,7 +156,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh bundle FOLDER|n1|n2|n4|n4f|n5|n6|h1|h2|h3|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh bundle FOLDER|m1|n1|n2|n4|n4f|n5|n6|h1|h2|h3|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -442,6 +447,22 @@ n1)
   tail -n 14 "$RES/cols-bench.log"; pack > /dev/null
   gpu_tests $(( ${END:-585} - SECONDS )) tests/gpu/test_gpu_evaluator.py tests/gpu/test_faults_gpu.py \
     tests/gpu/test_bench_gpu.py tests/gpu/test_silu_mul_op_gpu.py
+  ;;
+m1)
+  first_call   # QuACK completes in n4f
+  # the timer's hold first (its own GPU test, then the evaluator's and the bench's files time through it), then the
+  # column split's second version through the backward's gate (KF_BWD_GENOMES: the default and the cols corners), then
+  # its time beside torch.compile, torch eager, Liger, INT21 (if built by then) and the op
+  gpu_tests "${HOLD_S:-230}" tests/gpu/test_measure_gpu.py tests/gpu/test_bench_gpu.py tests/gpu/test_gpu_evaluator.py
+  mv "$RES/gpu-tests.log" "$RES/gpu-tests-hold.log"; mv "$RES/gpu-tests" "$RES/gpu-tests-hold"
+  KF_BWD_GENOMES=cols gpu_tests "${COLS_S:-150}" tests/gpu/test_rmsnorm_bwd_gpu.py -k "every_genome or corners"
+  mv "$RES/gpu-tests.log" "$RES/gpu-tests-cols.log"; mv "$RES/gpu-tests" "$RES/gpu-tests-cols"
+  peers=torch_compile,torch_eager,liger,factory_op
+  int21_wait 1 2> /dev/null && peers="$peers,int21"
+  timeout $(( ${END:-585} - SECONDS )) kernel-factory bench --problem rmsnorm_bwd --genes '{"small_m": "cols"}' \
+    --dtypes bfloat16,float32 --shapes 3x250000,9x90000,40x120000,24x32768,64x16384 --baselines "$peers" --reps 20 \
+    --out "$RES/cols-bench" --stem cols2 > "$RES/cols-bench.log" 2>&1; echo "exit $?" >> "$RES/cols-bench.log"
+  tail -n 16 "$RES/cols-bench.log"; pack > /dev/null
   ;;
 n2)
   export KF_PEERS=liger
