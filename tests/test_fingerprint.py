@@ -3,12 +3,12 @@ it is imported from (INT21's kernels come from a source checkout), and the compi
 import subprocess
 import sys
 
-from kernel_factory.evo.evaluate import measure
+from kernel_factory.evo.evaluate import fingerprint
 
 
 def test_every_peer_is_fingerprinted():
-    assert set(measure.PEERS) == {"int21", "quack", "liger"}
-    assert measure.PEERS["int21"] == "rmsnorm" and measure.PEERS["liger"] == "liger_kernel"
+    assert set(fingerprint.PEERS) == {"int21", "quack", "liger"}
+    assert fingerprint.PEERS["int21"] == "rmsnorm" and fingerprint.PEERS["liger"] == "liger_kernel"
 
 
 def test_a_peer_from_a_checkout_is_recorded_by_commit(tmp_path, monkeypatch):
@@ -21,21 +21,21 @@ def test_a_peer_from_a_checkout_is_recorded_by_commit(tmp_path, monkeypatch):
     subprocess.run([*git, "commit", "-qm", "peer"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     monkeypatch.syspath_prepend(str(tmp_path / "checkout"))
-    got = measure.peer_versions({"fake": "kf_fake_peer_mod", "gone": "kf_no_such_module_here"})
+    got = fingerprint.peer_versions({"fake": "kf_fake_peer_mod", "gone": "kf_no_such_module_here"})
     assert got["peer.fake"].endswith(f"commit {head}") and str(pkg) in got["peer.fake"]
     assert got["peer.gone"].startswith("absent")
     (pkg / "__init__.py").write_text("X = 2\n")
-    assert measure.peer_versions({"fake": "kf_fake_peer_mod"})["peer.fake"].endswith(f"commit {head}+dirty")
+    assert fingerprint.peer_versions({"fake": "kf_fake_peer_mod"})["peer.fake"].endswith(f"commit {head}+dirty")
     assert "kf_fake_peer_mod" not in sys.modules
 
 
 def test_an_installed_peer_is_recorded_by_version():
-    got = measure.peer_versions({"np": "numpy"})["peer.np"]
+    got = fingerprint.peer_versions({"np": "numpy"})["peer.np"]
     import numpy
     assert f"numpy {numpy.__version__}" in got
 
 
 def test_compilers_are_named():
-    got = measure.compiler_versions()
+    got = fingerprint.compiler_versions()
     assert set(got) == {"compiler.nvcc", "compiler.cxx", "compiler.triton", "compiler.nvidia-cutlass-dsl"}
     assert all(v for v in got.values())

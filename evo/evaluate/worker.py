@@ -17,7 +17,7 @@ import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import registry
-from . import gate, launcher, measure
+from . import fingerprint, gate, launcher, measure
 from .bench_pools import Pool, Pools, SetupError, allocate_pools, checksum
 from .paired import PairedBaselines
 from ..protocols import Launch, Problem, RowReference
@@ -332,7 +332,7 @@ def start(msg: Mapping[str, Any]) -> tuple[Bench, dict[str, Any]]:
     """Set up, measure copy bandwidth and the baseline, then prove the setup with a known-good kernel."""
     bench = Bench(msg)
     allocate_pools(bench.pools, bench.bench_cases, bench.torch.cuda.get_device_properties(0).total_memory)
-    before = measure.clocks()
+    before = fingerprint.clocks()
     bench.copy_gbps = msg.get("copy_gbps") or measure.copy_bandwidth_gbps(bench.timer)
     if msg.get("baseline_us"):   # a restart: the last measurement of the worker it replaces
         bench.baseline_us, bench.baseline_at = dict(msg["baseline_us"]), time.perf_counter()
@@ -347,7 +347,7 @@ def start(msg: Mapping[str, Any]) -> tuple[Bench, dict[str, Any]]:
             raise RuntimeError(f"the known-good kernel failed the gate on this worker: {reply['message']}")
     return bench, {"op": "ready", "baseline_us": bench.baseline_us, "graph_mode": bench.graph_mode,
                    "baseline_host_bound": sorted(bench.host_bound),
-                   "copy_gbps": bench.copy_gbps, "fingerprint": measure.fingerprint({"clocks_at_setup": before})}
+                   "copy_gbps": bench.copy_gbps, "fingerprint": fingerprint.fingerprint({"clocks_at_setup": before})}
 
 
 def release_memory() -> None:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .. import registry
 from ..build import shapes_of
 from ..config import ConfigError
-from ..evaluate import gate, launcher, measure, render
+from ..evaluate import fingerprint, gate, launcher, measure, render
 from ..evaluate.compile import CompileJob, Compiler
 from ..protocols import MissingBaseline, Problem
 from ..types import Candidate, Case, Genome, GeneValue
@@ -299,7 +299,7 @@ def child_main(conn: Any, job: Mapping[str, Any]) -> None:
                     conn.send(("row", row))
             finally:
                 compiled.compiler.close()
-        conn.send(("done", {"clocks_after": measure.clocks()}))
+        conn.send(("done", {"clocks_after": fingerprint.clocks()}))
     except KeyboardInterrupt:   # Ctrl-C reaches the whole process group: the parent reports what was measured
         conn.send(("interrupted",))
     except ConfigError as exc:
@@ -316,9 +316,9 @@ def session(graph_below_us: float) -> tuple[measure.Timer, Any, float, dict[str,
     stream_t = torch.cuda.Stream()
     torch.cuda.set_stream(stream_t)
     timer = measure.Timer(measure.TimingPolicy(warmup=3, graph_below_us=graph_below_us))
-    before = measure.clocks()
+    before = fingerprint.clocks()
     copy = measure.copy_bandwidth_gbps(timer)
-    fp = measure.fingerprint({"clocks_before": before, "copy_gbps": f"{copy:.0f}", **op_tables()})
+    fp = fingerprint.fingerprint({"clocks_before": before, "copy_gbps": f"{copy:.0f}", **op_tables()})
     return timer, launcher.torch_stream(), copy, {"copy_gbps": copy, "flush_us": timer.flush_us(), "fingerprint": fp}
 
 
