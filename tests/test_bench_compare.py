@@ -55,6 +55,27 @@ def test_only_peers_timed_in_both_benches_set_the_bar():
     assert row["peers"] == ["int21"] and row["change_pct"] == 0.0 and row["verdict"] == "same"
 
 
+def test_host_paths_split_each_providers_change_by_its_earlier_host_path():
+    """An eager provider whose host path outlasted the earlier bench's flush moved (its host time left the events);
+    its rows within the flush held; graph replays and rows of one bench only are left out."""
+    before, now = bench({256: 100.0, 512: 100.0, 1024: 100.0}), bench({256: 100.0, 512: 100.0, 1024: 100.0})
+    for b in (before, now):
+        b["flush_us"] = 85.0
+    hosts = {256: 200.0, 512: 150.0, 1024: 10.0}   # torch_eager's host path per call in the earlier bench
+    for row in before["rows"]:
+        row["providers"]["torch_eager"]["host_us"] = hosts[row["shape"][1]]
+    for row in now["rows"]:
+        if row["shape"][1] != 1024:
+            row["providers"]["torch_eager"]["us"] = 45.0
+    now["rows"][0]["providers"]["int21"]["graph"] = True
+    by = {h["provider"]: h for h in bench_compare.compare(now, before, "b")["host_paths"]}
+    assert by["torch_eager"]["slow"] == pytest.approx(0.9) and by["torch_eager"]["slow_rows"] == 2
+    assert by["torch_eager"]["fast"] == 1.0 and by["torch_eager"]["fast_rows"] == 1
+    assert by["int21"]["fast_rows"] == 2 and by["int21"]["slow"] is None   # its graph-replayed row is left out
+    lines = "\n".join(bench_compare.section(bench_compare.compare(now, before, "b")))
+    assert "| torch_eager | 0.900 | 2 | 1.000 | 1 |" in lines
+
+
 def test_cli_compare_writes_the_section(tmp_path, capsys):
     (tmp_path / "before.json").write_text(json.dumps(bench({256: 100.0, 512: 100.0})))
     (tmp_path / "now.json").write_text(json.dumps(bench({256: 110.0, 512: 100.0})))

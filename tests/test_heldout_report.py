@@ -81,6 +81,33 @@ def test_heldout_command_rerenders_a_recorded_bench(tmp_path, capsys):
     assert "not a workload campaign folder" in capsys.readouterr().err
 
 
+def test_heldout_against_an_earlier_bench_writes_the_comparison(tmp_path, capsys):
+    """--against: each row's ratio then and now, and each provider's time apart by its earlier host path (an eager
+    torch.compile whose host path outlasted the flush got faster; its row within the flush did not)."""
+    import lzma
+    from kernel_factory.evo.tools import cli, rerender
+    flush, host, fast = 85.0, random.uniform(100.0, 300.0), random.uniform(80.0, 99.0)
+    def bench(compile_us: float) -> dict:
+        return {"format": "kernel-factory-bench/1", "problem": "rmsnorm_fwd", "peers": ["int21"], "flush_us": flush,
+                "rows": [_row("bfloat16", (4096, 4096), 40.0, int21=44.0,
+                              torch_compile={"us": compile_us, "host_us": host}),
+                         _row("bfloat16", (64, 4096), 8.0, int21=8.8, torch_compile={"us": 9.0, "host_us": 5.0})]}
+    for name, compile_us in (("then", 60.0), ("now", 60.0 * fast / 100)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "workload.json").write_text(json.dumps({"config": {"problem": "rmsnorm_fwd"},
+                                                                   "heldout": []}))
+        (tmp_path / name / "heldout-bench.json.xz").write_bytes(lzma.compress(json.dumps(bench(compile_us)).encode()))
+    now = tmp_path / "now"
+    assert cli.main(["heldout", str(now), "--from", str(now / "heldout-bench.json.xz"), "--against",
+                     str(tmp_path / "then"), "--out", str(now)]) == 0
+    text = (now / "compared-then.md").read_text()
+    assert "## Against then" in text and "2 rows in both: **0 regressions**" in text
+    assert f"| torch_compile | {fast / 100:.3f} | 1 | 1.000 | 1 |" in text
+    assert rerender._compared(now / "compared-then.md").render() == text   # the committed kind re-renders alike
+    assert cli.main(["heldout", str(now), "--against", str(tmp_path / "then")]) == cli.EXIT_BAD_INPUT
+    assert "--against goes with --from" in capsys.readouterr().err
+
+
 def test_heldout_notes_the_times_a_ratio_stands_on_that_should_be_weighed():
     from kernel_factory.evo.tools import heldout
     flush = random.uniform(40.0, 80.0)

@@ -3,6 +3,7 @@ rows where it fell (regressions). Ratios, not raw times, are compared: each is m
 process, so clock or host differences between the two benches cancel out of it."""
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from .peers import SUBJECT, peer_set
@@ -58,7 +59,36 @@ def compare(result: Mapping[str, Any], previous: Mapping[str, Any], source: str,
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("regression", "improvement", "same")}
     return {"with": source, "threshold_pct": threshold_pct, "counts": counts, "rows": rows,
             "only_now": len(now.keys() - before.keys()), "only_before": len(before.keys() - now.keys()),
-            "no_common_peer": len(now.keys() & before.keys()) - len(rows)}
+            "no_common_peer": len(now.keys() & before.keys()) - len(rows), "host_paths": host_paths(result, previous)}
+
+
+def eager_times(result: Mapping[str, Any]) -> dict[tuple[str, str, str], tuple[float, bool]]:
+    """(problem, case, provider) -> (µs, whether its host path per call outlasted that bench's L2 flush), for every
+    provider timed eagerly (graph replays have no host path in their events)."""
+    out = {}
+    for part in parts(result):
+        flush = part.get("flush_us") or 0.0
+        for row in part["rows"]:
+            for name, p in row["providers"].items():
+                if "us" in p and not p.get("graph") and flush > 0:
+                    out[(part["problem"], row["case"], name)] = (p["us"], p.get("host_us", 0.0) > flush)
+    return out
+
+
+def host_paths(result: Mapping[str, Any], previous: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per provider, its time now over before on the rows both benches timed eagerly, apart where the earlier
+    host path outlasted the earlier flush ("slow") and where it did not ("fast"): a provider whose slow rows moved
+    while its fast ones held had its host path inside one bench's events (the timer's hold, 2026-12-08, is the
+    change this was made to see)."""
+    now, before = eager_times(result), eager_times(previous)
+    logs: dict[str, dict[str, list[float]]] = {}
+    for key in now.keys() & before.keys():
+        (us_now, _), (us_before, slow) = now[key], before[key]
+        logs.setdefault(key[2], {"slow": [], "fast": []})["slow" if slow else "fast"].append(math.log(us_now / us_before))
+    def geomean(v: list[float]) -> float | None:
+        return round(math.exp(sum(v) / len(v)), 4) if v else None
+    return [{"provider": name, "slow": geomean(v["slow"]), "slow_rows": len(v["slow"]), "fast": geomean(v["fast"]),
+             "fast_rows": len(v["fast"])} for name, v in sorted(logs.items())]
 
 
 def _n(count: int, noun: str) -> str:
@@ -82,4 +112,13 @@ def section(cmp: Mapping[str, Any]) -> list[str]:
         mark = {"regression": "**regression**", "improvement": "improvement", "same": ""}[r["verdict"]]
         lines.append(f"| {r['problem']} | {r['case']} | {r['before']:.3f} | {r['now']:.3f} | {r['change_pct']:+.1f}% | "
                      f"±{r['bar_pct']:.1f}% | {r['ours_us_before']:.1f} → {r['ours_us_now']:.1f} | {mark} |")
+    if cmp.get("host_paths"):
+        lines += ["", "Each provider's time now over before (geomean) on the rows both benches timed eagerly: where "
+                  "its host path per call outlasted the earlier bench's L2 flush, and where it did not. Slow rows "
+                  "that moved while fast ones held: that host path was inside one bench's events.", "",
+                  "| provider | host path past the flush | rows | within the flush | rows |", "|---|---|---|---|---|"]
+        for h in cmp["host_paths"]:
+            cell = (lambda g: "-" if g is None else f"{g:.3f}")
+            lines.append(f"| {h['provider']} | {cell(h['slow'])} | {h['slow_rows']} | {cell(h['fast'])} | "
+                         f"{h['fast_rows']} |")
     return lines

@@ -67,7 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_heldout(args: argparse.Namespace) -> int:
     from .heldout import main_heldout
     from .peers import split_names
-    return main_heldout(args.campaign, args.from_json, split_names(args.without), args.out, args.go_on)
+    return main_heldout(args.campaign, args.from_json, split_names(args.without), args.out, args.go_on,
+                        args.against)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

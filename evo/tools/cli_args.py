@@ -92,6 +92,10 @@ def parser() -> argparse.ArgumentParser:
     hel.add_argument("--from", dest="from_json", metavar="BENCH.json", help="re-render a recorded held-out bench")
     hel.add_argument("--without", metavar="PEER,...", help=WITHOUT_HELP)
     hel.add_argument("--out", metavar="DIR", help="with --from: also write the re-rendered heldout.md here")
+    hel.add_argument("--against", metavar="FOLDER",
+                     help="with --from: compare with an earlier held-out bench of the same shapes (its folder): each "
+                          "row's ratio to the best peer then and now, and each provider's time apart by its host "
+                          "path (written as compared-FOLDER.md with --out)")
     hel.add_argument("--go-on", action="store_true",
                      help="time only the cases the folder's held-out bench (cut short) lacks; its rows stay")
     ben = sub.add_parser("bench", help="time a kernel against every baseline side by side (table, CSV, JSON, PNG)")

@@ -273,12 +273,30 @@ def write(result: Mapping[str, Any], problem: str, folder: Path) -> list[str]:
     return lines
 
 
+def recorded(folder: str | Path) -> Path:
+    """A folder's recorded held-out bench (BENCH, or BENCH.xz as committed)."""
+    found = [p for p in (Path(folder) / BENCH, Path(folder) / (BENCH + ".xz")) if p.is_file()]
+    if not found:
+        raise ConfigError(f"heldout: {str(folder)!r} holds no {BENCH} (or {BENCH}.xz)")
+    return found[0]
+
+
+def against(result: Mapping[str, Any], earlier: str | Path) -> str:
+    """compared-<earlier folder's name>.md: each row's ratio to the best peer in this bench and in the earlier one
+    on the same shapes, and each provider's time now over then apart by its earlier host path (bench_compare)."""
+    from . import bench_compare
+    cmp = bench_compare.compare(result, read_bench(recorded(earlier)), Path(earlier).name)
+    return "\n".join(bench_compare.section(cmp)).lstrip("\n") + "\n"
+
+
 def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = (), out: str | None = None,
-                 go_on: bool = False) -> int:
-    """`kernel-factory heldout FOLDER [--from BENCH.json [--out DIR]] [--go-on] [--without PEER,...]`: exit 2 when
-    a peer asked for ran on no shape of a dtype (after the report is written)."""
+                 go_on: bool = False, against_folder: str | None = None) -> int:
+    """`kernel-factory heldout FOLDER [--from BENCH.json [--out DIR] [--against EARLIER]] [--go-on]
+    [--without PEER,...]`: exit 2 when a peer asked for ran on no shape of a dtype (after the report is written)."""
     if out and not from_json:
         raise ConfigError("heldout --out goes with --from (a bench writes its report into the campaign folder)")
+    if against_folder and not from_json:
+        raise ConfigError("heldout --against goes with --from (it compares a recorded bench with an earlier one)")
     if go_on and from_json:
         raise ConfigError("heldout --go-on benches what the folder's bench lacks; --from only re-renders: give one")
     path = Path(folder)
@@ -295,16 +313,16 @@ def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = ()
             raise ConfigError(f"heldout --from {from_json!r}: {exc}") from None
         lines, md = summarize(result, problem)
         print(md if not lines else "\n".join(lines))
+        compared = against(result, against_folder) if against_folder else None
+        if compared and not out:
+            print(compared)
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             (Path(out) / REPORT).write_text(md)
+            if compared:
+                (Path(out) / f"compared-{Path(against_folder).name}.md").write_text(compared)
         return 0
-    earlier = None
-    if go_on:
-        found = [p for p in (path / BENCH, path / (BENCH + ".xz")) if p.is_file()]
-        if not found:
-            raise ConfigError(f"heldout --go-on: {folder!r} holds no {BENCH} (or {BENCH}.xz) to go on from")
-        earlier = read_bench(found[0])
+    earlier = read_bench(recorded(folder)) if go_on else None
     result = bench_heldout(problem, path / "kernels" / "dispatch.json", [Case.parse(k) for k in plan["heldout"]],
                            path / BENCH, without=without, earlier=earlier)
     write(result, problem, path)

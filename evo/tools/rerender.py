@@ -46,6 +46,15 @@ def _heldout(source: Path) -> Rendered:
                     f"kernel-factory heldout {source.parent} --from {source} (the report: heldout.summarize)")
 
 
+def _compared(path: Path) -> Rendered:
+    """workload/NAME/compared-EARLIER.md: NAME's held-out bench against EARLIER's (a folder beside it)."""
+    earlier = path.parent.parent / path.stem.removeprefix("compared-")
+    source = heldout.recorded(path.parent)
+    return Rendered(str(path), (str(source), str(heldout.recorded(earlier))),
+                    lambda: heldout.against(heldout.read_bench(source), earlier),
+                    f"kernel-factory heldout {path.parent} --from {source} --against {earlier} --out {path.parent}")
+
+
 def _faults() -> Rendered:
     def text() -> str:
         data = json.loads(Path(report.FAULTS).read_text())
@@ -93,6 +102,7 @@ def reports() -> list[Rendered]:
     out = [r for source in sorted(RESULTS.glob("**/bench/*.json")) for r in _bench(source)]
     out += [_heldout(s) for s in sorted([*RESULTS.glob("workload/*/" + heldout.BENCH),
                                          *RESULTS.glob("workload/*/" + heldout.BENCH + ".xz")])]
+    out += [_compared(p) for p in sorted(RESULTS.glob("workload/*/compared-*.md"))]
     out += [_percall(s) for s in sorted(RESULTS.glob("op/*/percall.json"))]
     out += [_scaling(s) for s in sorted(RESULTS.glob("scaling/scaling.json"))]
     out += [_efficiency(s) for s in sorted(RESULTS.glob("efficiency/*.json"))]

@@ -139,6 +139,9 @@
 #       version (8 rows a CTA, dw partials by group) through the backward's gate and beside torch.compile, torch eager,
 #       Liger, INT21 and the op on few-row, wide shapes (none a campaign's held-out one)
 #   n2 (carry .gpu-b, END about 240): KDA's chunked form against FLA; bundle .gpu-b2; n4f; n4 as far as the budget goes
+#   Ran m1 (END=585), n2 (END=200: FLA's first calls took the whole share again, no KDA case), bundle .gpu-b2, n4f
+#   (END=575, done in 369 s) and n4 (END=440: bf16 whole, fp16 46 of 48, no fp32) on an H100, after two failed starts.
+#   n2 now warms FLA first (tests/gpu/fla_warm.py, each workload's time logged): give it the call's full 585 s
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -468,6 +471,10 @@ n2)
   export KF_PEERS=liger
   setup .gpu-b
   quiet_host kda
+  # FLA's first calls (Triton compiles of every autotuned configuration) outlasted two KDA benches' shares (180 s)
+  # before their first case: made first, alone on the GPU, each workload's line logged, then the benches
+  [ -f /tmp/fla_warm.log ] || fla_warm
+  fla_wait $(( ${END:-585} - SECONDS - 150 )); cp /tmp/fla_warm.log "$RES/"; tail -n 3 "$RES/fla_warm.log"
   kda_vs_fla
   ;;
 n4)

@@ -93,6 +93,16 @@ int21_wait() {
   echo "host_setup: INT21 not built within ${1:-300} s:" >&2; tail -n 5 /tmp/int21_build.log >&2; return 2
 }
 
+# FLA's Triton kernels compile (and autotune) on their first call, minutes for chunk_kda's on the KDA workloads:
+# fla_warm makes those calls in the background (tests/gpu/fla_warm.py), fla_wait waits for them (at most $1 s).
+fla_warm() {
+  setsid nohup python3 tests/gpu/fla_warm.py > /tmp/fla_warm.log 2>&1 &
+}
+fla_wait() {
+  for _ in $(seq "${1:-300}"); do grep -q "^warmed" /tmp/fla_warm.log 2>/dev/null && return 0; sleep 1; done
+  echo "host_setup: FLA not warmed within ${1:-300} s:" >&2; tail -n 5 /tmp/fla_warm.log >&2; return 2
+}
+
 # Every peer named in KF_PEERS must import; each failure is one line, and the setup fails.
 kf_peers() {
   python3 - ${KF_PEERS-quack liger int21} <<'EOF'

@@ -111,9 +111,14 @@ def genomes() -> dict[str, dict]:
         out[f"random{i}"] = g
     for name, g in out.items():
         assert p.space.why_infeasible(g) is None, (name, p.space.why_infeasible(g))
-    # e.g. "peel,narrow": the default and the corners whose name holds one of those words (a focused check)
-    only = [w for w in os.environ.get("KF_BWD_GENOMES", "").split(",") if w]
+    only = focus()
     return {n: g for n, g in out.items() if n == "default" or any(w in n for w in only)} if only else out
+
+
+def focus() -> list[str]:
+    """KF_BWD_GENOMES, e.g. "peel,narrow": only the default and the corners whose name holds one of those words are
+    built and checked (a focused check of a template change)."""
+    return [w for w in os.environ.get("KF_BWD_GENOMES", "").split(",") if w]
 
 
 def build_all(named: dict[str, dict], cache) -> dict[str, tuple[dict, dict]]:
@@ -204,6 +209,7 @@ def test_corners_pass_the_gate_on_benchmark_rows(built, bench, case):
              "ring4_cluster16_kv2", "ring3_cta2", "ring_row_c16", "ring_row_c16_cta2", "ring_row_c2_128",
              "ring_row_c16_warps", "cluster8_1024_warps", "stream4_c16", "stream2_ring_c8", "stream2_vec8",
              "stream2_warp_rows"]
+    names = list(built) if focus() else names   # a focused check takes its own genomes to the wide rows
     failures = [f"{n}: {bad[:300]}" for n in names
                 if (bad := gate(bench, module(built[n][1][case.dtype]), built[n][0], case, rng))]
     assert not failures, "\n".join(failures)
@@ -216,7 +222,7 @@ def test_live_evaluator_checks_and_times_a_spread(built, tmp_path):
     # memory, and the evaluator's worker (another process) needs it for its input sets.
     release_memory()
     p = problem()
-    names = ["default", *CORNERS, "random0", "random1", "random2"]
+    names = list(built) if focus() else ["default", *CORNERS, "random0", "random1", "random2"]
     cands = {n: Candidate(Genome.of(built[n][0]), operator="test") for n in names}
     ev = GpuEvaluator(p, TIMED, "torch_eager", 0, str(tmp_path), compile_workers=8)
     try:
