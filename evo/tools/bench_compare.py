@@ -84,11 +84,14 @@ def host_paths(result: Mapping[str, Any], previous: Mapping[str, Any]) -> list[d
     logs: dict[str, dict[str, list[float]]] = {}
     for key in now.keys() & before.keys():
         (us_now, _), (us_before, slow) = now[key], before[key]
-        logs.setdefault(key[2], {"slow": [], "fast": []})["slow" if slow else "fast"].append(math.log(us_now / us_before))
-    def geomean(v: list[float]) -> float | None:
-        return round(math.exp(sum(v) / len(v)), 4) if v else None
-    return [{"provider": name, "slow": geomean(v["slow"]), "slow_rows": len(v["slow"]), "fast": geomean(v["fast"]),
-             "fast_rows": len(v["fast"])} for name, v in sorted(logs.items())]
+        side = logs.setdefault(key[2], {"slow": [], "fast": []})["slow" if slow else "fast"]
+        side.append(math.log(us_now / us_before))
+    return [{"provider": name, "slow": _geomean(v["slow"]), "slow_rows": len(v["slow"]),
+             "fast": _geomean(v["fast"]), "fast_rows": len(v["fast"])} for name, v in sorted(logs.items())]
+
+
+def _geomean(logs: list[float]) -> float | None:
+    return round(math.exp(sum(logs) / len(logs)), 4) if logs else None
 
 
 def _n(count: int, noun: str) -> str:
@@ -117,8 +120,9 @@ def section(cmp: Mapping[str, Any]) -> list[str]:
                   "its host path per call outlasted the earlier bench's L2 flush, and where it did not. Slow rows "
                   "that moved while fast ones held: that host path was inside one bench's events.", "",
                   "| provider | host path past the flush | rows | within the flush | rows |", "|---|---|---|---|---|"]
+        def cell(g: float | None) -> str:
+            return "-" if g is None else f"{g:.3f}"
         for h in cmp["host_paths"]:
-            cell = (lambda g: "-" if g is None else f"{g:.3f}")
             lines.append(f"| {h['provider']} | {cell(h['slow'])} | {h['slow_rows']} | {cell(h['fast'])} | "
                          f"{h['fast_rows']} |")
     return lines

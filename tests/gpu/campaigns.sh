@@ -142,6 +142,10 @@
 #   Ran m1 (END=585), n2 (END=200: FLA's first calls took the whole share again, no KDA case), bundle .gpu-b2, n4f
 #   (END=575, done in 369 s) and n4 (END=440: bf16 whole, fp16 46 of 48, no fp32) on an H100, after two failed starts.
 #   n2 now warms FLA first (tests/gpu/fla_warm.py, each workload's time logged): give it the call's full 585 s
+# Next session, back to back: m1 is not needed again (the hold passed on a GPU); n1's first part instead (QuACK's
+#   first bundle, INT21 built, the backward's small-M and sub-warp GPU files, which last ran before the column split's
+#   second version), then n2 with END=585 (KDA against FLA, FLA warmed first), bundle .gpu-b2, then n4 for the
+#   backward whole (the 2026-12-08 bench stopped before fp32) and n4f only if an H200 is lent (an H200 set of both)
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
