@@ -273,11 +273,11 @@ def write(result: Mapping[str, Any], problem: str, folder: Path) -> list[str]:
     return lines
 
 
-def recorded(folder: str | Path) -> Path:
-    """A folder's recorded held-out bench (BENCH, or BENCH.xz as committed)."""
+def recorded(folder: str | Path, asked_by: str = "heldout") -> Path:
+    """A folder's recorded held-out bench (BENCH, or BENCH.xz as committed); asked_by names the option in the error."""
     found = [p for p in (Path(folder) / BENCH, Path(folder) / (BENCH + ".xz")) if p.is_file()]
     if not found:
-        raise ConfigError(f"heldout: {str(folder)!r} holds no {BENCH} (or {BENCH}.xz)")
+        raise ConfigError(f"{asked_by}: {str(folder)!r} holds no {BENCH} (or {BENCH}.xz)")
     return found[0]
 
 
@@ -285,7 +285,7 @@ def against(result: Mapping[str, Any], earlier: str | Path) -> str:
     """compared-<earlier folder's name>.md: each row's ratio to the best peer in this bench and in the earlier one
     on the same shapes, and each provider's time now over then apart by its earlier host path (bench_compare)."""
     from . import bench_compare
-    cmp = bench_compare.compare(result, read_bench(recorded(earlier)), Path(earlier).name)
+    cmp = bench_compare.compare(result, read_bench(recorded(earlier, "heldout --against")), Path(earlier).name)
     return "\n".join(bench_compare.section(cmp)).lstrip("\n") + "\n"
 
 
@@ -322,7 +322,7 @@ def main_heldout(folder: str, from_json: str | None, without: Sequence[str] = ()
             if compared:
                 (Path(out) / f"compared-{Path(against_folder).name}.md").write_text(compared)
         return 0
-    earlier = read_bench(recorded(folder)) if go_on else None
+    earlier = read_bench(recorded(folder, "heldout --go-on")) if go_on else None
     result = bench_heldout(problem, path / "kernels" / "dispatch.json", [Case.parse(k) for k in plan["heldout"]],
                            path / BENCH, without=without, earlier=earlier)
     write(result, problem, path)
