@@ -164,12 +164,12 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
     }
 #pragma unroll
     for (int k = 0; k < SCALAR_KEPT; ++k) ss = fmaf(xs[k], xs[k], ss);
-    constexpr int streamed = SCALAR_KEPT * TPR;      // the first element past the kept ones, per thread stride
+    constexpr int first = SCALAR_KEPT * TPR;         // the first element past the kept ones, per thread stride
 #else
-    constexpr int streamed = 0;
+    constexpr int first = 0;
 #endif
     if (active)
-      for (int i = lane + streamed; i < hi - lo; i += TPR) { const float f = to_float(xr[i]); ss = fmaf(f, f, ss); }
+      for (int i = lane + first; i < hi - lo; i += TPR) { const float f = to_float(xr[i]); ss = fmaf(f, f, ss); }
     const float rstd = inv_rms(cluster_sum(row_sum(ss, rbuf, lane, grp), cluster_part, rank), N, eps);
     if (active) {
 #if SCALAR_W == SCALAR_W_AHEAD
@@ -177,7 +177,7 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
       for (int k = 0; k < SCALAR_KEPT; ++k)
         if (lane + k * TPR < hi - lo) yr[lane + k * TPR] = (elem_t)(xs[k] * rstd * ws[k]);
 #endif
-      for (int i = lane + streamed; i < hi - lo; i += TPR) yr[i] = (elem_t)(to_float(xr[i]) * rstd * __ldg(w + i));
+      for (int i = lane + first; i < hi - lo; i += TPR) yr[i] = (elem_t)(to_float(xr[i]) * rstd * __ldg(w + i));
       if (lane == 0 && rank == 0 && rstd_out) rstd_out[row] = rstd;
     }
     KF_ROW_DONE;

@@ -45,19 +45,11 @@ def synthetic_time_us(genes: dict, case: Case) -> float:
     return bytes_moved / (max(eff, 0.05) * 4.2e3) / 1e3
 
 
-# Genes newer than every committed recording, held at their defaults in a synthetic one unless a test names them (as
-# a replay of a real recording holds them): the forward's scalar_w would double its 200000 genomes for nothing.
-UNRECORDED = ("scalar_w",)
-
-
 def write_synthetic_recording(path: Path, problem, cases: list[Case], baseline: str = "torch_eager",
                               choices: dict[str, list] | None = None,
                               sampling: str = "exhaustive (synthetic, tests only)") -> Path:
-    """A recording in the real format over the problem's whole space but UNRECORDED's genes (or the part of it that
-    `choices` names, gene -> the values kept), from synthetic_time_us; `sampling` is what its header says of how the
-    genomes were chosen."""
-    held = {g.name: [g.default] for g in problem.space.genes if g.name in UNRECORDED}
-    choices = {**held, **(choices or {})}
+    """A recording in the real format over the problem's whole space (or the part of it that `choices` names, gene
+    -> the values kept), from synthetic_time_us; `sampling` is what its header says of how the genomes were chosen."""
     space = problem.space.restricted(choices) if choices else problem.space
     header = {"problem": problem.name, "problem_version": problem.version,
               "space": {g.name: list(g.choices) for g in space.genes},
