@@ -47,9 +47,6 @@ constexpr int TPR = THREADS / ROWS_PER_CTA;                  // threads per row
 constexpr int VEC = VEC_BYTES / (int)sizeof(elem_t);          // elements per vector access
 constexpr int WORDS = VEC_BYTES / 4;                          // 32-bit words per vector
 constexpr int REG_VECS = KEEP_X ? 128 / VEC_BYTES : 0;        // vectors per thread kept in registers (128 bytes)
-#if SCALAR_W == SCALAR_W_AHEAD
-enum { SCALAR_KEPT = 8 };   // the scalar path's elements a thread holds with their weights (problems' SCALAR_KEPT)
-#endif
 static_assert(THREADS % ROWS_PER_CTA == 0 && (TPR % 32 == 0 || TPR == 2 || TPR == 4 || TPR == 8 || TPR == 16),
               "a row needs whole warps, or 2, 4, 8 or 16 threads of one warp (sub-warp rows)");
 static_assert(TPR >= 32 || STAGE == STAGE_NONE, "sub-warp rows are narrow rows: nothing to stage");
@@ -150,34 +147,11 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
   if (!vector_ok) {
     // Scalar path: any N, any alignment.
     float ss = 0.f;
-#if SCALAR_W == SCALAR_W_AHEAD
-    // The first SCALAR_KEPT elements of the thread's stride and their weights, all asked for before the first is
-    // summed and kept for the stores: a row of at most SCALAR_KEPT * TPR elements takes one trip to memory. The sum
-    // and the stores run in the same order and arithmetic as below, so a row rounds exactly as it would there.
-    float xs[SCALAR_KEPT], ws[SCALAR_KEPT];
-#pragma unroll
-    for (int k = 0; k < SCALAR_KEPT; ++k) {
-      const int i = lane + k * TPR;
-      const bool in = active && i < hi - lo;
-      xs[k] = in ? to_float(xr[i]) : 0.f;
-      ws[k] = in ? __ldg(w + i) : 0.f;
-    }
-#pragma unroll
-    for (int k = 0; k < SCALAR_KEPT; ++k) ss = fmaf(xs[k], xs[k], ss);
-    constexpr int first = SCALAR_KEPT * TPR;         // the first element past the kept ones, per thread stride
-#else
-    constexpr int first = 0;
-#endif
     if (active)
-      for (int i = lane + first; i < hi - lo; i += TPR) { const float f = to_float(xr[i]); ss = fmaf(f, f, ss); }
+      for (int i = lane; i < hi - lo; i += TPR) { const float f = to_float(xr[i]); ss = fmaf(f, f, ss); }
     const float rstd = inv_rms(cluster_sum(row_sum(ss, rbuf, lane, grp), cluster_part, rank), N, eps);
     if (active) {
-#if SCALAR_W == SCALAR_W_AHEAD
-#pragma unroll
-      for (int k = 0; k < SCALAR_KEPT; ++k)
-        if (lane + k * TPR < hi - lo) yr[lane + k * TPR] = (elem_t)(xs[k] * rstd * ws[k]);
-#endif
-      for (int i = lane + first; i < hi - lo; i += TPR) yr[i] = (elem_t)(to_float(xr[i]) * rstd * __ldg(w + i));
+      for (int i = lane; i < hi - lo; i += TPR) yr[i] = (elem_t)(to_float(xr[i]) * rstd * __ldg(w + i));
       if (lane == 0 && rank == 0 && rstd_out) rstd_out[row] = rstd;
     }
     KF_ROW_DONE;
@@ -194,7 +168,7 @@ rmsnorm_fwd(const elem_t* __restrict__ x, const float* __restrict__ weight, elem
   const int b0 = min(body, rank * per);
   const int nv = min(body, b0 + per) - b0;             // vectors in this CTA's part of the body
   const int tail_at = head + body * VEC;
-  const edges_t edges = load_edges(xrow, weight, rank == 0 ? head : 0, tail_at,
+  const edges_t edges = load_edges(xrow, rank == 0 ? head : 0, tail_at,
                                    active && rank == CLUSTER - 1 ? N - tail_at : 0, lane);
   const float edge_ss = edges_sum_squares(edges);
   const int body_at = head + b0 * VEC;                 // this CTA's first body element: its x address is aligned

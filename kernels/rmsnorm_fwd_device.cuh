@@ -222,24 +222,15 @@ enum { EDGE_N = (VEC - 1 + TPR - 1) / TPR };   // (an enum: a namespace-scope co
 struct edges_t {
   int head, tail_at, tail;           // head elements [0, head) and tail elements [tail_at, tail_at + tail) of the row
   float hx[EDGE_N], tx[EDGE_N];      // this thread's head and tail elements of x (0 where it has none)
-#if SCALAR_W == SCALAR_W_AHEAD
-  float hw[EDGE_N], tw[EDGE_N];      // their weights, loaded with them (scalar_w=ahead)
-#endif
 };
 
-// wrow: the row's weights, read here only with scalar_w=ahead (else after the row's sum, in store_edges).
-__device__ __forceinline__ edges_t load_edges(const elem_t* xrow, const float* wrow, int head, int tail_at, int tail,
-                                              int lane) {
+__device__ __forceinline__ edges_t load_edges(const elem_t* xrow, int head, int tail_at, int tail, int lane) {
   edges_t e{head, tail_at, tail, {}, {}};
 #pragma unroll
   for (int k = 0; k < EDGE_N; ++k) {
     const int i = lane + k * TPR;
     e.hx[k] = i < head ? to_float(xrow[i]) : 0.f;
     e.tx[k] = i < tail ? to_float(xrow[tail_at + i]) : 0.f;
-#if SCALAR_W == SCALAR_W_AHEAD
-    e.hw[k] = i < head ? __ldg(wrow + i) : 0.f;
-    e.tw[k] = i < tail ? __ldg(wrow + tail_at + i) : 0.f;
-#endif
   }
   return e;
 }
@@ -256,13 +247,8 @@ __device__ __forceinline__ void store_edges(const edges_t& e, const float* wrow,
 #pragma unroll
   for (int k = 0; k < EDGE_N; ++k) {
     const int i = lane + k * TPR;
-#if SCALAR_W == SCALAR_W_AHEAD
-    if (i < e.head) yrow[i] = (elem_t)(e.hx[k] * rstd * e.hw[k]);
-    if (i < e.tail) yrow[e.tail_at + i] = (elem_t)(e.tx[k] * rstd * e.tw[k]);
-#else
     if (i < e.head) yrow[i] = (elem_t)(e.hx[k] * rstd * __ldg(wrow + i));
     if (i < e.tail) yrow[e.tail_at + i] = (elem_t)(e.tx[k] * rstd * __ldg(wrow + e.tail_at + i));
-#endif
   }
 }
 #endif

@@ -92,9 +92,3 @@
 #ifndef W_AHEAD
 #define W_AHEAD W_AHEAD_NONE
 #endif
-// scalar_w (structure)
-#define SCALAR_W_AFTER 0
-#define SCALAR_W_AHEAD 1
-#ifndef SCALAR_W
-#define SCALAR_W SCALAR_W_AFTER
-#endif

@@ -32,7 +32,6 @@ SMEM_SLACK = 1024          # static shared memory beyond static_smem()'s count (
 RSTD_TOLERANCE = (0.0, 1e-3)
 KEPT_BYTES = 128           # x bytes per thread that keep_x holds in registers (the template's REG_VECS * VEC_BYTES)
 SUBWARP_TPR = (2, 4, 8, 16)   # threads per row below a warp: one warp normalizes 32 / TPR rows ("sub-warp rows")
-SCALAR_KEPT = 8            # scalar_w=ahead: elements a thread of the scalar path holds with their weights (SCALAR_KEPT)
 
 
 def static_smem(g: Mapping[str, GeneValue]) -> int:
@@ -86,8 +85,7 @@ def _rule(g: Mapping[str, GeneValue]) -> str | None:
                 "a persistent wave): needs threads <= 256 and persistent=False")
     # x kept in registers costs 32 registers, their weights (w_ahead=regs) as many fp32 values as x has elements;
     # each in-flight vector costs vec_bytes/4; ~28 for the rest.
-    regs = 28 + (32 if g["keep_x"] else 0) + int(g["unroll"]) * int(g["vec_bytes"]) // 4 + weight_regs(g) + \
-        (2 * SCALAR_KEPT if g["scalar_w"] == "ahead" else 0)
+    regs = 28 + (32 if g["keep_x"] else 0) + int(g["unroll"]) * int(g["vec_bytes"]) // 4 + weight_regs(g)
     limit = min(255, REGS_PER_SM // threads)
     if regs > limit:
         return f"about {regs} registers per thread exceed the {limit} that {threads} threads allow"
@@ -122,10 +120,6 @@ SPACE = GeneSpace(
              doc="the weight is read after the row's sum, one more trip to memory before the stores (rows that are "
                  "few are bound by such trips) | prefetch.global.L2 of the CTA's weight slice before the first pass "
                  "| the kept vectors' weights loaded into registers beside x (needs keep_x)"),
-        Gene("scalar_w", ("after", "ahead"), "after",
-             doc="the weights of the elements outside whole vectors (the scalar path's, tail=peel's head and tail) "
-                 "are read after the row's sum | loaded with x before it, and the scalar path's first "
-                 f"{SCALAR_KEPT} elements a thread stay in registers (one trip to memory for a narrow odd row)"),
     ),
     rule=_rule,
 )

@@ -63,11 +63,10 @@ def test_defaults_of_the_new_genes_keep_the_old_space():
     space = rf.problem.space
     assert {space[n].default for n in NEW_GENES} == {"none", "cp_async", 1, False}
     feasible = list(space.enumerate())
-    old = [g for g in feasible if all(g[n] == space[n].default for n in NEW_GENES + ("tail", "w_ahead", "scalar_w"))
+    old = [g for g in feasible if all(g[n] == space[n].default for n in NEW_GENES + ("tail", "w_ahead"))
            and g["rows_per_cta"] in (1, 2, 4)]   # (rows_per_cta's later choices: tests/test_rmsnorm_fwd_subwarp.py)
     assert len(old) == 4272, "the genomes of the space before the wide genes must all stay feasible, and only they"
-    before_subwarp = [g for g in feasible if g["rows_per_cta"] in (1, 2, 4) and g["w_ahead"] == "none"
-                      and g["scalar_w"] == "after"]
+    before_subwarp = [g for g in feasible if g["rows_per_cta"] in (1, 2, 4) and g["w_ahead"] == "none"]
     assert len(old) < len(before_subwarp) < 2 * 40000   # tail (tests/test_rmsnorm_fwd_tail.py) doubles the space
 
 

@@ -102,31 +102,3 @@ def test_weights_ahead_reach_the_binary():
         none, regs, l2 = order(dtype), order(dtype, w_ahead="regs"), order(dtype, w_ahead="l2")
         assert none == (0, 0) and l2[0] == 0 and l2[1] > 0, (dtype, none, l2)
         assert regs == (kept_loads, 0), (dtype, regs)
-
-
-def test_scalar_weights_ahead_reach_the_binary():
-    """scalar_w=ahead: on the scalar path (the binary's first reduction: rows of odd width or alignment) the weights
-    of a thread's first SCALAR_KEPT elements (read-only LDG...CONSTANT; with load=plain nothing else is) are asked for
-    before the row's butterfly, where the default reads every weight after it; tail=peel's head and tail weights
-    move before the vector path's butterfly likewise."""
-    from kernel_factory.problems.rmsnorm_fwd import SCALAR_KEPT, problem
-
-    def regions(dtype, **genes):
-        """32-bit weight loads before the scalar path's butterfly, between it and the vector path's, and after."""
-        cand = Candidate(Genome.of({**problem.space.defaults(), "load": "plain", **genes}))
-        out = compile_one(CompileJob("k", render.render(problem, cand, dtype), "k.cu"))
-        assert out.error is None, out.error
-        ops = [m.group(1) for m in sass.OPCODE.finditer(sass.disassemble(out.cubin))]
-        shfl = [i for i, op in enumerate(ops) if op.startswith("SHFL.BFLY")]
-        scalar_sum, vector_sum = shfl[0], shfl[len(shfl) // 2]
-        weights = [i for i, op in enumerate(ops) if op == "LDG.E.CONSTANT"]
-        return (sum(i < scalar_sum for i in weights), sum(scalar_sum < i < vector_sum for i in weights),
-                sum(i > vector_sum for i in weights))
-
-    for dtype in ("bfloat16", "float32"):
-        after, ahead = regions(dtype), regions(dtype, scalar_w="ahead")
-        assert after[0] == 0 and ahead[0] == SCALAR_KEPT, (dtype, after, ahead)
-        peel, peel_ahead = regions(dtype, tail="peel"), regions(dtype, tail="peel", scalar_w="ahead")
-        moved = peel_ahead[1] - peel[1]   # the head's and the tail's weights, from after the vector sum to before it
-        assert moved >= 2 and peel[2] - peel_ahead[2] == moved and peel_ahead[0] == SCALAR_KEPT, (dtype, peel,
-                                                                                                  peel_ahead)

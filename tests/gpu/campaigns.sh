@@ -146,9 +146,6 @@
 #   first bundle, INT21 built, the backward's small-M and sub-warp GPU files, which last ran before the column split's
 #   second version), then n2 with END=585 (KDA against FLA, FLA warmed first), bundle .gpu-b2, then n4 for the
 #   backward whole (the 2026-12-08 bench stopped before fp32) and n4f only if an H200 is lent (an H200 set of both)
-#   The forward's gene scalar_w (2026-12-08: the weights outside whole vectors loaded with x) first goes through the
-#   forward's tail and sub-warp GPU files, then the latency probe's grid (r1's steps: `latency_probe.py --grid`, then
-#   `widened fwd ... 'log2_n<=13'`): stage g1 (carry .gpu-a .int21) in place of n1, then n2, bundle .gpu-b2, n4
 # Stages not run yet:
 #   fwd6 (carry .gpu-a .int21 .campaigns/h200-fwd-workload-3): the forward's rule learned from a denser training
 #       set (h200-fwd-workload-6): `48` more training shapes per dtype (workload.train_more), timed in the panels
@@ -166,7 +163,7 @@
 # demand), the suite was cut before its summary, and held-out benches were cut at 270 to 330 s; the
 # commands and their logs are indexed in docs/results/README.md.
 set -uo pipefail
-stage="${1:?usage: campaigns.sh bundle FOLDER|g1|m1|n1|n2|n4|n4f|n5|n6|h1|h2|h3|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
+stage="${1:?usage: campaigns.sh bundle FOLDER|m1|n1|n2|n4|n4f|n5|n6|h1|h2|h3|r1|r2|r3|r4|pe1|pe2|pe3|pe4|q1|q2|q3|q4|p1|p2|p3|p4|p5|t1|t2|t3|t4|t5|sm1|sm2|sm3|wa1|wa2|wa3|record|suite1|suite2|fwd6|suiteb|rows|whole|kda|fwd|suite|heldout|more|\
 panels|bwd}"
 export PYTHONUNBUFFERED=1
 RES=/tmp/results-$stage
@@ -473,19 +470,6 @@ m1)
     --dtypes bfloat16,float32 --shapes 3x250000,9x90000,40x120000,24x32768,64x16384 --baselines "$peers" --reps 20 \
     --out "$RES/cols-bench" --stem cols2 > "$RES/cols-bench.log" 2>&1; echo "exit $?" >> "$RES/cols-bench.log"
   tail -n 16 "$RES/cols-bench.log"; pack > /dev/null
-  ;;
-g1)
-  first_call   # QuACK completes in n4
-  # the forward's scalar_w=ahead genomes through the tail and sub-warp gates, then the latency probe's grid (which
-  # holds them) beside the peers; its winners widen the forward table for rows of at most 8192 elements, installed
-  gpu_tests "${GATE_S:-200}" tests/gpu/test_rmsnorm_fwd_tail_gpu.py tests/gpu/test_rmsnorm_fwd_subwarp_gpu.py \
-    -k scalar_w
-  mv "$RES/gpu-tests.log" "$RES/gpu-tests-scalar-w.log"; mv "$RES/gpu-tests" "$RES/gpu-tests-scalar-w"
-  grep -q "^exit 0" "$RES/gpu-tests-scalar-w.log" || exit 1   # a wrong kernel is never timed against the peers
-  OUT="$RES" timeout $(( ${END:-585} - SECONDS - 100 )) python3 tests/gpu/latency_probe.py --grid \
-    --budget $(( ${END:-585} - SECONDS - 140 )) > "$RES/latency_probe.log" 2>&1
-  echo "exit $?" >> "$RES/latency_probe.log"; grep "^latency\|^exit" "$RES/latency_probe.log"; pack > /dev/null
-  widened fwd "$RES/latency-panels" 'log2_n<=13'
   ;;
 n2)
   export KF_PEERS=liger

@@ -12,9 +12,8 @@ on some shape to the op's table as tuning candidates for that region. No asserti
 
 Grids:
 - rmsnorm_fwd small (rows of at most 8192 elements): sub-warp to four-warp rows, 128- and 256-thread CTAs, 8- and
-  16-byte vectors, x kept in registers or read twice, the weight fetched ahead or not (tail=peel: any N), and the
-  scalar path with its first elements and their weights in registers (scalar_w=ahead, tail=scalar or peel). No panel
-  of the forward's campaigns holds a sub-warp genome; tests/gpu/latency_probe.py runs this grid beside the peers.
+  16-byte vectors, x kept in registers or read twice, the weight fetched ahead or not (tail=peel: any N). No panel of
+  the forward's campaigns holds a sub-warp genome; tests/gpu/latency_probe.py runs this grid beside the peers.
 - rmsnorm_bwd small-m (M of at most 1024): the one-launch and grouped small-M plans, sub-warp to four-warp rows,
   clusters that spread a row over 4 or 16 SMs, dw in registers or shared memory, the narrow path for widths that
   are not a multiple of the vector. The backward table the campaign exported held no small-M plan and no sub-warp
@@ -49,14 +48,10 @@ RANKING = measure.TimingPolicy(warmup=1, min_reps=5, max_reps=10, target_ms=0.05
 
 
 def _fwd_small() -> list[dict]:
-    # (keep_x, w_ahead, scalar_w, tail): the weights read after the sum or ahead of it, the peeled vectors, and since
-    # 2026-12-08 the scalar path with its first elements and their weights in registers (scalar_w=ahead)
-    kinds = ((False, "none", "after", "peel"), (True, "none", "after", "peel"), (True, "regs", "after", "peel"),
-             (True, "regs", "ahead", "peel"), (False, "none", "ahead", "scalar"))
-    return [dict(threads=threads, rows_per_cta=threads // tpr, vec_bytes=vec, keep_x=keep, w_ahead=ahead,
-                 scalar_w=scalar_w, unroll=1, tail=tail, load="nc")
+    return [dict(threads=threads, rows_per_cta=threads // tpr, vec_bytes=vec, keep_x=keep, w_ahead=ahead, unroll=1,
+                 tail="peel", load="nc")
             for threads in (128, 256) for tpr in (4, 8, 16, 32, 64, 128) for vec in (8, 16)
-            for keep, ahead, scalar_w, tail in kinds]
+            for keep, ahead in ((False, "none"), (True, "none"), (True, "regs"))]
 
 
 def _bwd_small_m() -> list[dict]:

@@ -34,12 +34,6 @@ GENOMES.update({
     "tpr16_1024_cp_async_peel": dict(threads=1024, rows_per_cta=64, load="cp_async", unroll=1, tail="peel"),
     "tpr16_persistent_ring": dict(threads=128, rows_per_cta=8, persistent=True, load="cp_async", unroll=1),
     "tpr2_persistent_smem_reduce": dict(threads=256, rows_per_cta=128, persistent=True, reduce="smem"),
-    # scalar_w=ahead: the scalar path's first 8 elements a thread and their weights loaded together (widths past
-    # 8 * TPR stream the rest), and tail=peel's head and tail weights with them; whole warps too
-    "tpr2_scalar_w_ahead": dict(threads=256, rows_per_cta=128, scalar_w="ahead"),
-    "tpr8_scalar_w_ahead_peel": dict(threads=256, rows_per_cta=32, scalar_w="ahead", tail="peel"),
-    "tpr16_persistent_scalar_w_ahead": dict(threads=128, rows_per_cta=8, persistent=True, scalar_w="ahead"),
-    "warp_rows_scalar_w_ahead": dict(threads=256, rows_per_cta=8, scalar_w="ahead"),
 })
 
 

@@ -53,10 +53,6 @@ GENOMES = {
     "w_regs_cluster4": dict(w_ahead="regs", cluster=4),
     "w_l2_nokeep_unroll4": dict(w_ahead="l2", keep_x=False, unroll=4),
     "w_l2_persistent_stage": dict(w_ahead="l2", persistent=True, stage="smem"),
-    # the head's and tail's weights loaded with them (and, on x and y views of different alignment, the scalar path's)
-    "scalar_w_ahead": dict(scalar_w="ahead"),
-    "scalar_w_ahead_w_regs_cluster4": dict(scalar_w="ahead", w_ahead="regs", cluster=4),
-    "scalar_w_ahead_persistent_stage": dict(scalar_w="ahead", persistent=True, stage="smem"),
 }
 
 
